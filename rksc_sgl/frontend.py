@@ -6,6 +6,10 @@ posts JSON to a server. Ours differ from it in three small ways:
 * per-branch request options (``branch_options``): a sampling seed, and later the fields our
   runtime reads, which ``sgl.gen`` has no parameter for;
 * every response's token counters are totalled (``TokenCounters``), which the benchmark reads;
+* ``fork()`` sends the shared prefix before the branches, as SGLang intends: its
+  ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
+  expressions, so on a fresh state the prefix request was often skipped and sibling branches
+  prefilled the prompt separately (``install_fork_prefix_fix``);
 * ``EngineBackend`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
   engine's own event loop, run in one background thread so the fork threads can share it.
 """
@@ -61,6 +65,23 @@ def branch_options(state, *, sampling_seed: int | None = None) -> None:
     setattr(executor, _OPTIONS_ATTR, options)
 
 
+def install_fork_prefix_fix() -> None:
+    """Make ``StreamExecutor.fork`` drain its queue before deciding whether to commit the prefix."""
+    from sglang.lang.interpreter import StreamExecutor
+
+    original = StreamExecutor.fork
+    if getattr(original, "_rksc_fixed", False):
+        return
+
+    def fork(self, size: int = 1, position_ids_offset=None):
+        if size > 1:
+            self.sync()  # text_ is written by the executor thread; wait until it is current
+        return original(self, size, position_ids_offset)
+
+    fork._rksc_fixed = True
+    StreamExecutor.fork = fork
+
+
 def chat_template_for(model_path: str):
     """SGLang's frontend matches templates by path name; fall back to the model's own tokenizer."""
     template = get_chat_template_by_model_path(model_path)
@@ -85,6 +106,7 @@ class RkscEndpoint(RuntimeEndpoint):
     """``RuntimeEndpoint`` plus branch options and token counters, for a server at ``base_url``."""
 
     def __init__(self, base_url: str, chat_template_name: str | None = None, **kwargs: Any):
+        install_fork_prefix_fix()
         super().__init__(base_url, chat_template_name=chat_template_name, **kwargs)
         if not chat_template_name:
             self.chat_template = chat_template_for(self.model_info["model_path"])
@@ -102,6 +124,12 @@ class RkscEndpoint(RuntimeEndpoint):
 
     def _send(self, data: dict[str, Any]):
         return super()._generate_http_request(None, data)
+
+    def kv_pool(self) -> dict[str, int]:
+        """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
+        from radix_ext.introspection import KEY
+
+        return self.get_server_info()["internal_states"][0][KEY]
 
     def _generate_http_request(self, s, data: dict[str, Any]):
         result = self._send(data)
@@ -143,6 +171,7 @@ class EngineBackend(RkscEndpoint):
 
     def __init__(self, engine, chat_template_name: str | None = None):
         # RuntimeEndpoint.__init__ would query a server over HTTP; set its fields directly.
+        install_fork_prefix_fix()
         self.support_concate_and_append = False
         self.engine = engine
         self.model_info = {"model_path": engine.server_args.model_path}
@@ -171,7 +200,8 @@ class EngineBackend(RkscEndpoint):
         return self.run(self.engine.tokenizer_manager.flush_cache())
 
     def get_server_info(self):
-        return dict(self.model_info)
+        states = self.run(self.engine.tokenizer_manager.get_internal_state())
+        return {**self.model_info, "internal_states": states}
 
     def shutdown(self):
         """Stop the loop thread, then the engine (whose own shutdown uses its loop)."""

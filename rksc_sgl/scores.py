@@ -1,0 +1,94 @@
+"""Branch depth and score for RSBCM eviction: the program-side primitive and its wire format.
+
+RSBCM (``radix_ext.eviction``) needs two facts per branch that only the program knows: its fork
+level and, once generated or verified, its score. Both travel in SGLang's free-form
+``sampling_params.custom_params``, which reaches the scheduler's ``Req`` unchanged over HTTP
+(``/generate``) and in-process (``Engine.async_generate``) with no server flag:
+
+* every ``gen`` of a branch carries ``{"rksc": {"depth": d}}`` (set once per fork with
+  ``branch_options(state, depth=d)``); the cache tags the tree nodes that this gen computed;
+* ``report_score(state, s)`` sends a zero-token request (``max_new_tokens=0``) whose text is the
+  branch's full text and whose custom_params are ``{"rksc": {"depth": d, "score": s}}``. It matches
+  the branch's whole path in the tree, so the cache sets ``s`` on the nodes of that path at fork
+  level >= d (the branch's own tokens, not the prefix it shares with its parent). The tree
+  already holds the path, so the report computes nothing new except the branch's last token
+  (SGLang always recomputes one) and any text the tree lacks after re-tokenisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+PARAMS_KEY = "rksc"
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchTag:
+    """What one request tells the cache about its branch."""
+
+    depth: int  # fork level: 0 for the program's root, 1 for its first fork, ...
+    score: float | None = None  # in [0, 1]; None on ordinary gens
+
+    def __post_init__(self) -> None:
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
+            raise ValueError(f"custom_params.{PARAMS_KEY}.depth must be an int >= 0, got {self.depth!r}")
+        if self.score is not None:
+            if isinstance(self.score, bool) or not isinstance(self.score, (int, float)) \
+                    or not math.isfinite(self.score) or not 0.0 <= self.score <= 1.0:
+                raise ValueError(
+                    f"custom_params.{PARAMS_KEY}.score must be a number in [0, 1], got {self.score!r}"
+                )
+
+    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``base`` (other custom_params, kept) plus this tag under ``"rksc"``."""
+        entry = {"depth": self.depth}
+        if self.score is not None:
+            entry["score"] = float(self.score)
+        return {**(base or {}), PARAMS_KEY: entry}
+
+    @classmethod
+    def from_custom_params(cls, custom_params: Any) -> "BranchTag | None":
+        """The tag of a request, None if it has none; ValueError naming the field if malformed."""
+        if not isinstance(custom_params, dict) or custom_params.get(PARAMS_KEY) is None:
+            return None
+        entry = custom_params[PARAMS_KEY]
+        if not isinstance(entry, dict) or "depth" not in entry:
+            raise ValueError(f"custom_params.{PARAMS_KEY} must be an object with a 'depth', got {entry!r}")
+        unknown = sorted(set(entry) - {"depth", "score"})
+        if unknown:
+            raise ValueError(f"custom_params.{PARAMS_KEY} has unknown field(s) {unknown}")
+        return cls(depth=entry["depth"], score=entry.get("score"))
+
+
+def branch_depth(state) -> int | None:
+    """The depth set on ``state`` with ``branch_options(state, depth=...)``, if any."""
+    from rksc_sgl.frontend import _OPTIONS_ATTR
+
+    executor = getattr(state, "stream_executor", state)
+    options = getattr(executor, _OPTIONS_ATTR, {})
+    tag = BranchTag.from_custom_params(options.get("custom_params"))
+    return None if tag is None else tag.depth
+
+
+def report_score(state, score: float, *, depth: int | None = None) -> None:
+    """Tell the runtime's cache that the branch ``state`` scored ``score`` (in [0, 1]).
+
+    Call it after the branch's text is generated (it waits for pending gens). ``depth`` defaults
+    to the one set with ``branch_options``; a branch without either raises ValueError. Works with
+    any SGLang frontend backend that speaks ``/generate`` (``RkscEndpoint``, ``EngineBackend``,
+    SGLang's ``RuntimeEndpoint``); the scores take effect under ``--radix-eviction-policy rsbcm``
+    and are harmless otherwise.
+    """
+    if depth is None:
+        depth = branch_depth(state)
+    if depth is None:
+        raise ValueError("report_score needs the branch's depth: call branch_options(state, depth=...) first")
+    tag = BranchTag(depth=depth, score=score)
+    executor = getattr(state, "stream_executor", state)
+    text = executor.text()  # syncs: the branch's gens are done and in the tree
+    executor.backend._generate_http_request(
+        None,
+        {"text": text, "sampling_params": {"max_new_tokens": 0, "custom_params": tag.to_custom_params()}},
+    )

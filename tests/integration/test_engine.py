@@ -1,0 +1,74 @@
+"""The real in-process engine with the real model, driven through SGLang's frontend language."""
+
+from __future__ import annotations
+
+import pytest
+import sglang as sgl
+
+from programs.datasets import load
+from programs.sc import SamplingConfig, majority_vote, solve_batch
+
+pytestmark = pytest.mark.integration
+
+
+@sgl.function
+def forked_answers(s, question: str, num_branches: int):
+    s += sgl.system("You are a helpful assistant.")
+    s += sgl.user(question)
+    forks = s.fork(num_branches)
+    forks += sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0.8))
+    metas = [f.get_meta_info("answer") for f in forks]
+    forks.join()
+    return metas
+
+
+def assert_no_kv_leak(backend) -> None:
+    pool = backend.kv_pool()
+    assert pool["available"] + pool["evictable"] + pool["protected"] == pool["total"], pool
+    assert pool["protected"] == 0, pool  # nothing runs, so nothing may stay locked
+
+
+class TestRadixSharing:
+    def test_forked_branches_reuse_the_shared_prompt(self, engine_backend):
+        question = "Name three colours of the rainbow, and explain where rainbows come from."
+        metas = forked_answers.run(question=question, num_branches=4, backend=engine_backend).ret_value
+        assert len(metas) == 4
+        # fork() first sends the prompt as a zero-token request (rksc_sgl.frontend makes sure of it
+        # even on a fresh state), so every branch finds all but its assistant header cached.
+        assert all(m["cached_tokens"] >= m["prompt_tokens"] - 5 for m in metas), metas
+
+    def test_prompt_and_cache_counters_add_up(self, engine_backend):
+        engine_backend.reset_counters()
+        forked_answers.run(question="What is the capital of France?", num_branches=2, backend=engine_backend)
+        totals = engine_backend.reset_counters()
+        assert totals.requests == 3  # the zero-token prefix request and two branches
+        assert 0 < totals.cached_tokens < totals.prompt_tokens
+        assert totals.prefill_tokens == totals.prompt_tokens - totals.cached_tokens
+
+    def test_pool_accounting_balances_when_idle(self, engine_backend):
+        forked_answers.run(question="Say hello.", num_branches=3, backend=engine_backend)
+        assert_no_kv_leak(engine_backend)
+        assert engine_backend.kv_pool()["cache_class"].endswith("RadixCache")
+
+
+class TestSelfConsistency:
+    def test_branches_vote_and_keep_token_logprobs(self, engine_backend):
+        problems = load("gsm8k", limit=2)
+        config = SamplingConfig(num_branches=3, max_new_tokens=24, temperature=0.7)
+        results = solve_batch(problems, config, engine_backend, progress_bar=False)
+        assert [r.problem for r in results] == problems
+        for result in results:
+            assert len(result.branches) == 3
+            for branch in result.branches:
+                assert 1 <= len(branch.token_logprobs) <= 24
+                assert all(lp <= 0.0 for lp in branch.token_logprobs)
+            assert result.answer == majority_vote([b.answer for b in result.branches])[0]
+        assert_no_kv_leak(engine_backend)
+
+    def test_greedy_generation_is_reproducible_and_cache_transparent(self, engine_backend):
+        prompt = "The three primary colours are"
+        params = {"temperature": 0, "max_new_tokens": 12}
+        first = engine_backend.run(engine_backend.engine.async_generate(prompt=prompt, sampling_params=params))
+        second = engine_backend.run(engine_backend.engine.async_generate(prompt=prompt, sampling_params=params))
+        assert second["meta_info"]["cached_tokens"] > 0  # the second one is served from the cache
+        assert first["text"] == second["text"]

@@ -58,9 +58,15 @@ class VoteResult:
         return self.answer is not None and self.answer == self.problem.answer
 
 
-def user_prompt(problem: Problem) -> str:
+def user_prompt(problem: Problem, exemplars: tuple[Problem, ...] = ()) -> str:
+    """The question and its answer instruction, after worked ``exemplars`` (few-shot) if any."""
     kind = "letter" if problem.choices else "number"
-    return f"{format_question(problem)}\n\n{INSTRUCTION[kind]}"
+    shots = "".join(
+        f"Question: {format_question(e)}\nAnswer: The answer is {e.answer}.\n\n" for e in exemplars
+    )
+    if shots:
+        shots = "Solved examples:\n\n" + shots + "Now this one.\n"
+    return f"{shots}Question: {format_question(problem)}\n\n{INSTRUCTION[kind]}"
 
 
 def branch_seed(seed: int, problem_index: int, branch: int) -> int:
@@ -96,10 +102,11 @@ def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]
     return winner, dict(votes)
 
 
-def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True) -> list[VoteResult]:
+def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
+                exemplars: tuple[Problem, ...] = ()) -> list[VoteResult]:
     """Run self-consistency on every problem (concurrently, through the given frontend backend)."""
     arguments = [
-        dict(prompt=user_prompt(p), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
+        dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
              seeds=[branch_seed(config.seed, i, b) for b in range(config.num_branches)])
         for i, p in enumerate(problems)

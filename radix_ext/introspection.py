@@ -3,8 +3,11 @@
 SGLang checks ``available + evictable + protected == total`` only inside the scheduler, when it is
 idle, and raises there. Tests and the benchmark want the same numbers from outside, so an AFTER
 hook on ``SchedulerInternalStateController.get_internal_state`` adds ``rksc_kv_pool``:
-``{"total", "available", "evictable", "protected", "cache_class"}`` in tokens. Reading it is
-only meaningful while no request runs.
+``{"total", "available", "evictable", "protected", "evicted_tokens", "cache_class"}`` in
+tokens. ``evicted_tokens`` totals ``EvictResult.num_tokens_evicted`` since start-up, counted by
+AFTER hooks on the two eviction entry points that free KV: ``RadixCache.evict`` (Python tree, our
+backend's parent) and ``UnifiedRadixCache._evict`` (SGLang's default, Rust tree core). Reading it
+is only meaningful while no request runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ TARGET = (
     "SchedulerInternalStateController.get_internal_state"
 )
 KEY = "rksc_kv_pool"
+EVICTION_TARGETS = (
+    "sglang.srt.mem_cache.radix_cache.RadixCache.evict",
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict",
+)
+_EVICTED_ATTR = "_rksc_evicted_tokens"
 
 
 def kv_pool_stats(scheduler) -> dict[str, Any]:
@@ -25,6 +33,7 @@ def kv_pool_stats(scheduler) -> dict[str, Any]:
         "available": int(scheduler.token_to_kv_pool_allocator.available_size()),
         "evictable": int(cache.evictable_size()),
         "protected": int(cache.protected_size()),
+        "evicted_tokens": int(getattr(cache, _EVICTED_ATTR, 0)),
         "cache_class": f"{type(cache).__module__}.{type(cache).__qualname__}",
     }
 
@@ -34,7 +43,14 @@ def _add_kv_pool_stats(result, controller, *args, **kwargs):
     return result
 
 
+def _count_evicted(result, cache, *args, **kwargs):
+    setattr(cache, _EVICTED_ATTR, getattr(cache, _EVICTED_ATTR, 0) + result.num_tokens_evicted)
+    return result
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, _add_kv_pool_stats, HookType.AFTER)
+    for target in EVICTION_TARGETS:
+        HookRegistry.register(target, _count_evicted, HookType.AFTER)

@@ -1,7 +1,19 @@
 """SGLang plugin entry point (group ``sglang.srt.plugins``), run in every SGLang process.
 
 SGLang calls ``load()`` early in the engine process and in each spawned scheduler, before the
-radix cache is built, so registrations made here are visible where the cache is created.
+radix cache is built, so registrations made here are visible where the cache is created:
+
+* radix-cache backend ``rksc`` (``radix_ext.backend``), for ``--radix-cache-backend rksc``;
+* eviction policy name ``rsbcm`` in SGLang's ``--radix-eviction-policy`` choices (our backend
+  builds the strategy; SGLang's own caches do not know the name and fail at start-up);
+* a check of the ``rksc`` entry of ``sampling_params.custom_params`` where SGLang validates
+  sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
+  scheduler error;
+* the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``);
+* CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``).
+
+SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
+registered": look for the plugin's traceback above that message.
 """
 
 from __future__ import annotations
@@ -10,11 +22,46 @@ import logging
 
 logger = logging.getLogger(__name__)
 
+SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
+
 
 def load() -> None:
-    from radix_ext import introspection
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from radix_ext import introspection, stats
     from rksc_sgl.config import RkscConfig
 
     config = RkscConfig.from_env()  # fails loudly on a malformed RKSC_SGL_CONFIG
     introspection.install()
+    register_backend()
+    HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
+    stats.install()
+    from radix_ext import cpu_attention  # attention backend "rksc_cpu": batched CPU decode
+
+    cpu_attention.install()
+    from radix_ext import early_exit  # CGEE: verification requests may exit after layer l*
+
+    early_exit.install()
     logger.debug("rksc-sgl plugin loaded with %s", config)
+
+
+def register_backend() -> None:
+    """Register backend ``rksc`` and policy name ``rsbcm`` (idempotent)."""
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+
+    from radix_ext.backend import build_cache
+    from radix_ext.eviction import POLICY_NAME
+    from rksc_sgl.config import BACKEND_NAME
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, build_cache)
+    if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices([POLICY_NAME])
+
+
+def _check_branch_tag(result, sampling_params, *args, **kwargs):
+    from rksc_sgl.scores import BranchTag
+
+    BranchTag.from_custom_params(sampling_params.custom_params)  # ValueError -> HTTP 400
+    return None

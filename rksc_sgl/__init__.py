@@ -13,6 +13,8 @@ _EXPORTS = {
     "launch_engine": "rksc_sgl.engine",
     "EngineBackend": "rksc_sgl.frontend",
     "default_model_path": "rksc_sgl.model_cache",
+    "report_score": "rksc_sgl.scores",
+    "verify": "rksc_sgl.verify",
 }
 
 __all__ = sorted(_EXPORTS)

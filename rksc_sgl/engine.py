@@ -17,9 +17,13 @@ from rksc_sgl.model_cache import resolve_model_path
 # Settings for SGLang's CPU path on a 2-core AVX2 machine. float32 was chosen by measurement
 # (README "Speed"): prefill ran ~3.5x faster than float16 (no native half-precision matmul here)
 # and 8-way decode was on par. The KV pool is capped: SGLang's default sizing took ~15 GB.
+# "rksc_cpu" is torch_native with batched decode attention and 1-thread small forwards
+# (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle scheduler otherwise
+# busy-polls and burns a whole core (measured 93%), which on 2 shared cores slows every engine.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu",
-    "attention_backend": "torch_native",
+    "attention_backend": "rksc_cpu",
+    "sleep_on_idle": True,
     "sampling_backend": "pytorch",
     "dtype": "float32",
     "max_total_tokens": 32768,

@@ -52,16 +52,31 @@ class TokenCounters:
         self.completion_tokens += meta_info.get("completion_tokens", 0)
 
 
-def branch_options(state, *, sampling_seed: int | None = None) -> None:
+def branch_options(state, *, sampling_seed: int | None = None, depth: int | None = None,
+                   score: float | None = None) -> None:
     """Attach options to every later ``gen`` of one program state (typically a fork).
 
     ``sampling_seed`` makes sampling reproducible whatever the batching (SGLang honours it when
-    the engine runs with ``enable_deterministic_inference``).
+    the engine runs with ``enable_deterministic_inference``). ``depth`` is the branch's fork level
+    (0 for the program's root, 1 for its forks, ...): RSBCM eviction reads it, and
+    ``report_score`` sends it with the branch's score. ``score`` (with a depth) scores the
+    branch from its first gen on: ``score=0.0`` marks scratch work the program will not extend,
+    such as a verifier exchange, which RSBCM then evicts first (see ``rksc_sgl.scores``).
     """
     executor = getattr(state, "stream_executor", state)
     options = dict(getattr(executor, _OPTIONS_ATTR, {}))
     if sampling_seed is not None:
         options["sampling_seed"] = int(sampling_seed)
+    if depth is not None or score is not None:
+        from rksc_sgl.scores import BranchTag
+
+        custom_params = options.get("custom_params")
+        current = BranchTag.from_custom_params(custom_params)
+        if depth is None and current is None:
+            raise ValueError("branch_options: a score needs the branch's depth")
+        tag = BranchTag(depth=current.depth if depth is None else depth,
+                        score=current.score if score is None and current else score)
+        options["custom_params"] = tag.to_custom_params(custom_params)
     setattr(executor, _OPTIONS_ATTR, options)
 
 
@@ -125,11 +140,24 @@ class RkscEndpoint(RuntimeEndpoint):
     def _send(self, data: dict[str, Any]):
         return super()._generate_http_request(None, data)
 
+    def _add_images(self, s, data: dict[str, Any]) -> None:
+        if s is not None:  # _send has no program state (SGLang's version dereferences it)
+            super()._add_images(s, data)
+
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
         from radix_ext.introspection import KEY
 
         return self.get_server_info()["internal_states"][0][KEY]
+
+    def token_ids(self, text: str) -> list[int]:
+        """``text``'s token ids, no special tokens added (the server's ``/tokenize``)."""
+        from sglang.utils import http_request
+
+        res = http_request(self.base_url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                           api_key=self.api_key, verify=self.verify)
+        self._assert_success(res)
+        return list(res.json()["tokens"])
 
     def _generate_http_request(self, s, data: dict[str, Any]):
         result = self._send(data)
@@ -195,6 +223,9 @@ class EngineBackend(RkscEndpoint):
 
     def fill_image(self, s):
         raise NotImplementedError("EngineBackend serves text programs only")
+
+    def token_ids(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer_manager.tokenizer.encode(text, add_special_tokens=False))
 
     def flush_cache(self):
         return self.run(self.engine.tokenizer_manager.flush_cache())

@@ -23,10 +23,11 @@ def add_rksc_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rksc-sgl options")
     for field in dataclasses.fields(RkscConfig):
         flag = f"--{flag_name(field.name)}"
-        if field.type in ("bool", bool):
+        kind = {"bool": bool, "int": int, "float": float}.get(str(field.type), str)
+        if kind is bool:
             group.add_argument(flag, action="store_true", default=field.default)
         else:
-            group.add_argument(flag, type=float if field.type in ("float", float) else str, default=field.default)
+            group.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
 
 
 def split_args(argv: list[str]) -> tuple[RkscConfig, list[str]]:

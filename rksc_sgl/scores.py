@@ -10,9 +10,16 @@ level and, once generated or verified, its score. Both travel in SGLang's free-f
 * ``report_score(state, s)`` sends a zero-token request (``max_new_tokens=0``) whose text is the
   branch's full text and whose custom_params are ``{"rksc": {"depth": d, "score": s}}``. It matches
   the branch's whole path in the tree, so the cache sets ``s`` on the nodes of that path at fork
-  level >= d (the branch's own tokens, not the prefix it shares with its parent). The tree
-  already holds the path, so the report computes nothing new except the branch's last token
-  (SGLang always recomputes one) and any text the tree lacks after re-tokenisation.
+  level >= d (the branch's own tokens, not the prefix it shares with its parent). While the tree
+  holds the path, the report computes nothing new except the branch's last token (SGLang always
+  recomputes one) and any text the tree lacks after re-tokenisation. Its cost: if the branch was
+  evicted before the report arrives, the report prefills it again (send reports promptly);
+* a gen may carry a score from the start (``branch_options(state, depth=d, score=0.0)``): its
+  own tokens are scored as they enter the tree, which is how a program marks scratch work
+  (verifier forks, read-once answers) that it will never extend.
+
+Over HTTP the same fields go in the ``/generate`` body's ``sampling_params.custom_params``; a
+malformed entry is refused with a 400 naming the field (check installed by ``radix_ext.plugin``).
 """
 
 from __future__ import annotations

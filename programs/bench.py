@@ -1,0 +1,179 @@
+"""``python -m programs.bench``: the paper's table, every mode in one process run.
+
+    python -m programs.bench --workload sc --datasets gsm8k,arc-challenge,mmlu-stem,gpqa \\
+        --limit 50 --modes no-cache,exact,rksc,rsbcm-only --repeats 1
+
+For each mode it starts one engine, warms it up, and runs the workload on every dataset
+(``--repeats`` times, flushing the radix cache before each repeat; wall time is the median).
+Every mode sees the same problems, exemplars, seeds and model. After all modes ran, speed-ups
+against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
+line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
+summary table is printed last. ``python -m programs.plot`` draws the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from programs import bench_stats as st
+from programs.bench_modes import resolve_modes
+from programs.datasets import DATASETS, load
+from programs.workloads import BenchSettings, resolve_workload
+
+RESULTS_DIR = Path("benchmarks/results")
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = BenchSettings()
+    p = argparse.ArgumentParser(prog="python -m programs.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot or bon-verify")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--modes", default="no-cache,exact,rksc")
+    p.add_argument("--limit", type=int, default=20, help="problems per dataset")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--num-branches", type=int, default=d.num_branches)
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--shots", type=int, default=d.shots)
+    p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
+    p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    args = p.parse_args(argv)
+    try:
+        args.workload_obj = resolve_workload(args.workload)
+        args.mode_objs = resolve_modes(args.modes)
+        args.dataset_names = [x.strip() for x in args.datasets.split(",") if x.strip()]
+        for name in args.dataset_names:
+            if name not in DATASETS:
+                raise ValueError(f"--datasets: unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+        for flag in ("limit", "repeats", "num_branches", "max_new_tokens"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        if args.shots < 0:
+            raise ValueError(f"--shots must be >= 0, got {args.shots}")
+        args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def split_problems(name: str, shots: int, limit: int):
+    """The first ``shots`` problems are held out as exemplars; the next ``limit`` are evaluated."""
+    problems = load(name, limit=shots + limit)
+    return tuple(problems[:shots]), problems[shots:]
+
+
+def run_mode(mode, args, data) -> dict[str, dict]:
+    """Start one engine for ``mode`` and run the workload on every dataset; raw results by dataset."""
+    from rksc_sgl.engine import launch_engine
+    from rksc_sgl.frontend import EngineBackend
+
+    workload, settings = args.workload_obj, args.settings
+    all_problems = [p for _, problems in data.values() for p in problems]
+    overrides = {**workload.engine_overrides(all_problems, settings), **mode.engine_overrides()}
+    if args.max_total_tokens:
+        overrides["max_total_tokens"] = args.max_total_tokens
+    backend = EngineBackend(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error", **overrides))
+    raw = {}
+    try:
+        exemplars, problems = next(iter(data.values()))
+        workload.run(problems[:2], backend, mode, settings, exemplars)  # warm-up
+        for name, (exemplars, problems) in tqdm(data.items(), desc=f"{args.workload} / {mode.name}"):
+            walls, run, counters = [], None, None
+            for _ in range(args.repeats):
+                backend.flush_cache()
+                evicted_before = backend.kv_pool()["evicted_tokens"]
+                backend.reset_counters()
+                t0 = time.perf_counter()
+                run = workload.run(problems, backend, mode, settings, exemplars)
+                walls.append(time.perf_counter() - t0 - run.reference_s)
+                counters = backend.reset_counters()
+                pool = backend.kv_pool()
+            raw[name] = {"walls": walls, "run": run, "counters": counters,
+                         "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool}
+    finally:
+        backend.shutdown()
+    return raw
+
+
+def build_rows(args, results, meta) -> list[dict]:
+    rows = []
+    for name in args.dataset_names:
+        by_mode = {m: results[m][name] for m in results}
+        wall = {m: st.median(r["walls"]) for m, r in by_mode.items()}
+        exact_answers = by_mode["exact"]["run"].answers if "exact" in by_mode else None
+        for mode in args.mode_objs:
+            r = by_mode[mode.name]
+            run, c = r["run"], r["counters"]
+            n = len(run.correct)
+            rows.append({
+                "workload": args.workload, "dataset": name, "mode": mode.name,
+                "mechanisms": sorted(mode.mechanisms), "n_problems": n, **meta,
+                "wall_s": round(wall[mode.name], 3), "wall_s_samples": [round(w, 3) for w in r["walls"]],
+                "speedup_vs_no_cache": st.ratio(wall.get("no-cache"), wall[mode.name]),
+                "speedup_vs_exact": st.ratio(wall.get("exact"), wall[mode.name]),
+                "prefill_tokens": c.prefill_tokens, "cached_tokens": c.cached_tokens,
+                "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                "reuse_rate": round(c.cached_tokens / c.prompt_tokens, 4) if c.prompt_tokens else None,
+                "accuracy": round(sum(run.correct) / n, 4) if n else None,
+                "accuracy_ci95": st.wilson_ci95(sum(run.correct), n),
+                "answer_agreement_vs_exact": st.agreement(run.answers, exact_answers) if exact_answers else None,
+                "cgee_skip_rate": run.stats.get("cgee_skip_rate"),
+                "cgee_mean_exit_layer": run.stats.get("cgee_mean_exit_layer"),
+                "cgee_error": run.stats.get("cgee_error"), "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
+                "asks_substitutions": run.stats.get("asks_substitutions"),
+                "evictions": r["evicted"] if not mode.disable_radix_cache else None,
+                "answers": run.answers,
+            })
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'dataset':14} {'mode':11} {'wall s':>7} {'x no-cache':>10} {'x exact':>8} {'prefill':>8} {'reuse':>6} {'acc':>6} {'acc 95% CI':>14} {'agree':>6} {'evicted':>8}"
+    print("\n" + head + "\n" + "-" * len(head))
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for r in rows:
+        ci = "-" if r["accuracy_ci95"] is None else f"[{r['accuracy_ci95'][0]:.2f}, {r['accuracy_ci95'][1]:.2f}]"
+        print(f"{r['dataset']:14} {r['mode']:11} {r['wall_s']:>7.1f} {fmt(r['speedup_vs_no_cache'], '>10.2f')} "
+              f"{fmt(r['speedup_vs_exact'], '>8.2f')} {r['prefill_tokens']:>8} {fmt(r['reuse_rate'], '>6.2f')} "
+              f"{fmt(r['accuracy'], '>6.2f')} {ci:>14} {fmt(r['answer_agreement_vs_exact'], '>6.2f')} {fmt(r['evictions'], '>8')}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    data = {name: split_problems(name, args.shots, args.limit) for name in args.dataset_names}
+    meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU",
+            "repeats": args.repeats, "seed": args.seed, "settings": dict(args.settings.__dict__)}
+    started = time.perf_counter()
+    results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}
+    rows = build_rows(args, results, meta)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    out = args.output_dir / f"{args.workload}.jsonl"
+    with open(out, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    print_table(rows)
+    print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The benchmark's modes: which rksc-sgl mechanisms are on, and how the engine is configured.
+
+``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
+with LRU); ``rksc`` turns on every mechanism that has landed; the ``*-only`` modes are the
+ablations. A mode that needs a mechanism which has not landed is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rksc_sgl.config import RkscConfig
+
+MECHANISMS = ("asks", "cgee", "rsbcm")
+LANDED: frozenset[str] = frozenset({"rsbcm"})  # grows as mechanisms land
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    mechanisms: frozenset[str] = frozenset()
+    disable_radix_cache: bool = False
+
+    def rksc_config(self) -> RkscConfig:
+        return RkscConfig(rsbcm="rsbcm" in self.mechanisms)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        return {"disable_radix_cache": True} if self.disable_radix_cache else {}
+
+    @property
+    def cgee(self) -> bool:
+        return "cgee" in self.mechanisms
+
+
+MODES: dict[str, Mode] = {
+    "no-cache": Mode("no-cache", disable_radix_cache=True),
+    "exact": Mode("exact"),
+    "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
+    "asks-only": Mode("asks-only", frozenset({"asks"})),
+    "cgee-only": Mode("cgee-only", frozenset({"cgee"})),
+    "rsbcm-only": Mode("rsbcm-only", frozenset({"rsbcm"})),
+}
+
+
+def resolve_modes(spec: str) -> list[Mode]:
+    """Parse ``--modes`` (comma-separated); raise ValueError naming a bad or unlanded mode."""
+    modes = []
+    for name in (part.strip() for part in spec.split(",") if part.strip()):
+        if name not in MODES:
+            raise ValueError(f"--modes: unknown mode {name!r}; valid: {', '.join(MODES)}")
+        mode = MODES[name]
+        missing = sorted(mode.mechanisms - LANDED)
+        if missing:
+            raise ValueError(f"--modes: {name!r} needs {', '.join(m.upper() for m in missing)}, "
+                             "which has not landed yet")
+        modes.append(mode)
+    if not modes:
+        raise ValueError("--modes: give at least one mode")
+    return modes

@@ -1,0 +1,63 @@
+"""Statistics for benchmark rows: binomial intervals, medians, ratios. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def wilson_ci95(successes: int, n: int) -> list[float] | None:
+    """95% Wilson score interval for a proportion, as [low, high]; None when n == 0."""
+    if n == 0:
+        return None
+    z = 1.959963984540054
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def clopper_pearson_upper95(failures: int, n: int) -> float | None:
+    """One-sided 95% upper bound on a failure rate (exact binomial); None when n == 0."""
+    if n == 0:
+        return None
+    if failures >= n:
+        return 1.0
+    # Bisection on the binomial CDF: the largest p with P(X <= failures | n, p) >= 0.05.
+    lo, hi = failures / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _binom_cdf(failures, n, mid) > 0.05:
+            lo = mid
+        else:
+            hi = mid
+    return round(hi, 4)
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0 if k < n else 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
+               for i in range(k + 1))
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator rounded to 3 places; None if either is missing or zero."""
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def agreement(answers: list[str | None], reference: list[str | None]) -> float | None:
+    """Fraction of positions where two answer lists agree (None answers agree only with None)."""
+    if not reference or len(answers) != len(reference):
+        return None
+    return round(sum(a == b for a, b in zip(answers, reference)) / len(reference), 4)

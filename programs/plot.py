@@ -1,0 +1,98 @@
+"""``python -m programs.plot``: PNG figures from benchmark results files.
+
+    python -m programs.plot benchmarks/results/sc.jsonl [--out benchmarks/results]
+
+For each results file it takes the latest run (``run_id``) and draws ``<workload>_speedup.png``
+(wall-time speed-up per dataset and mode, against no-cache and against exact) and
+``<workload>_accuracy.png`` (accuracy per dataset and mode with 95% intervals, and the difference
+to exact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def latest_run(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} holds no results")
+    last = max(r.get("run_id", "") for r in rows)
+    return [r for r in rows if r.get("run_id", "") == last]
+
+
+def _grouped_bars(ax, rows, datasets, modes, value, title, baseline_line=None, errors=None):
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        xs, ys, errs = [], [], []
+        for j, dataset in enumerate(datasets):
+            row = next((r for r in rows if r["dataset"] == dataset and r["mode"] == mode), None)
+            if row is None or value(row) is None:
+                continue
+            xs.append(j + (i - (len(modes) - 1) / 2) * width)
+            ys.append(value(row))
+            errs.append(errors(row) if errors else None)
+        yerr = None
+        if errors and xs:
+            yerr = [[y - e[0] for y, e in zip(ys, errs)], [e[1] - y for y, e in zip(ys, errs)]]
+        ax.bar(xs, ys, width, label=mode, yerr=yerr, capsize=3)
+    if baseline_line is not None:
+        ax.axhline(baseline_line, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(datasets)), datasets)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def plot(path: Path, out_dir: Path) -> list[Path]:
+    rows = latest_run(path)
+    workload = rows[0]["workload"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    caption = f"{workload}, {rows[0]['model']}, n={rows[0]['n_problems']}/dataset, commit {rows[0]['commit']}, {rows[0]['date']}"
+    written = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    _grouped_bars(axes[0], rows, datasets, modes, lambda r: r["speedup_vs_no_cache"], "speed-up vs no-cache (wall time)", 1.0)
+    _grouped_bars(axes[1], rows, datasets, modes, lambda r: r["speedup_vs_exact"], "speed-up vs exact prefix caching", 1.0)
+    fig.suptitle(caption, fontsize=9)
+    fig.tight_layout()
+    written.append(out_dir / f"{workload}_speedup.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    _grouped_bars(axes[0], rows, datasets, modes, lambda r: r["accuracy"], "accuracy (95% Wilson interval)",
+                  errors=lambda r: r["accuracy_ci95"])
+    exact = {r["dataset"]: r["accuracy"] for r in rows if r["mode"] == "exact"}
+    _grouped_bars(axes[1], rows, datasets, modes,
+                  lambda r: None if r["dataset"] not in exact else r["accuracy"] - exact[r["dataset"]],
+                  "accuracy minus exact", 0.0)
+    fig.suptitle(caption, fontsize=9)
+    fig.tight_layout()
+    written.append(out_dir / f"{workload}_accuracy.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m programs.plot", description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="+", type=Path, help="results files (JSON lines)")
+    p.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: beside each file)")
+    args = p.parse_args(argv)
+    for path in args.results:
+        if not path.is_file():
+            p.error(f"results file not found: {path}")
+        for png in plot(path, args.out or path.parent):
+            print(png)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Speed of SGLang's CPU path on this machine: decode tok/s at 1/8/32 streams and prefill tok/s.
+
+    python -m programs.speed --dtypes float32,float16,bfloat16 --repeats 3
+
+For each dtype it starts two in-process engines, ours (the CPU defaults) and stock (SGLang's
+``torch_native`` attention), warms both up, and measures each (median of ``--repeats``, ours and
+stock alternating): aggregate decode throughput of N streams forked from one short prompt
+(``--new-tokens`` each, EOS ignored), and prefill throughput of one ``--prefill-tokens``-token
+prompt that shares nothing with the cache. One JSON line per measurement (``tok_s`` ours,
+``stock_tok_s``) is appended to ``benchmarks/results/speed.jsonl``; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+RESULTS = Path("benchmarks/results/speed.jsonl")
+DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def prefill_prompt(tokenizer, n_tokens: int, salt: int) -> list[int]:
+    """A prompt of exactly ``n_tokens`` token ids, different for every ``salt`` (no cache reuse)."""
+    words = " ".join(f"item{salt}-{i} is number {i * 7 + salt}." for i in range(n_tokens))
+    return tokenizer.encode(words)[:n_tokens]
+
+
+def measure_decode(engine, streams: int, new_tokens: int) -> float:
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    t0 = time.perf_counter()
+    outs = engine.generate(prompt=[DECODE_PROMPT] * streams, sampling_params=params)
+    elapsed = time.perf_counter() - t0
+    return sum(o["meta_info"]["completion_tokens"] for o in outs) / elapsed
+
+
+def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:
+    ids = prefill_prompt(tokenizer, n_tokens, salt)
+    t0 = time.perf_counter()
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+    elapsed = time.perf_counter() - t0
+    computed = out["meta_info"]["prompt_tokens"] - out["meta_info"]["cached_tokens"]
+    return computed / elapsed
+
+
+# "ours" is the default CPU engine (attention backend rksc_cpu, see radix_ext.cpu_attention); "stock"
+# is the same engine on SGLang's own torch_native backend, which also turns our thread policy off.
+ENGINES = {"ours": {}, "stock": {"attention_backend": "torch_native"}}
+
+
+def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
+    """Both engines stay up; every repeat measures ours then stock, so both see the same load."""
+    from transformers import AutoTokenizer
+
+    from rksc_sgl.engine import launch_engine
+
+    engines, rows = {}, []
+    try:
+        for name, overrides in ENGINES.items():
+            engines[name] = launch_engine(args.model_path, dtype=dtype, log_level="error", **overrides)
+        tokenizer = AutoTokenizer.from_pretrained(engines["ours"].server_args.model_path)
+        for engine in engines.values():  # warm-up
+            measure_decode(engine, 2, 8)
+            measure_prefill(engine, tokenizer, 64, salt=-1)
+        jobs = [("decode", s) for s in args.streams] + [("prefill", 1)]
+        for kind, streams in tqdm(jobs, desc=f"speed {dtype}"):
+            samples: dict[str, list[float]] = {name: [] for name in engines}
+            for r in range(args.repeats):
+                for name, engine in engines.items():
+                    samples[name].append(
+                        measure_decode(engine, streams, args.new_tokens) if kind == "decode"
+                        else measure_prefill(engine, tokenizer, args.prefill_tokens, salt=r)
+                    )
+            rows.append({
+                "kind": kind, "streams": streams, "dtype": dtype,
+                "tok_s": round(statistics.median(samples["ours"]), 2),
+                "stock_tok_s": round(statistics.median(samples["stock"]), 2),
+                "samples": [round(x, 2) for x in samples["ours"]],
+                "stock_samples": [round(x, 2) for x in samples["stock"]],
+                "new_tokens": args.new_tokens if kind == "decode" else 1,
+                "prefill_tokens": args.prefill_tokens if kind == "prefill" else None,
+            })
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m programs.speed", description=__doc__.splitlines()[0])
+    p.add_argument("--dtypes", default="float32", help="comma-separated, e.g. float32,float16,bfloat16")
+    p.add_argument("--streams", default="1,8,32", help="comma-separated decode stream counts")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prefill-tokens", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--output", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    args.streams = [int(s) for s in args.streams.split(",")]
+    if args.repeats < 1 or min(args.streams) < 1:
+        p.error("--repeats and every --streams value must be >= 1")
+
+    meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "model": args.model_path or "SmolLM2-135M-Instruct", "repeats": args.repeats,
+            "load_avg_1min": round(os.getloadavg()[0], 2)}  # other engines share these cores
+    rows = []
+    for dtype in args.dtypes.split(","):
+        rows += [{**row, **meta} for row in run_dtype(dtype, args)]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.output, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    print(f"\n{'kind':8} {'streams':>7} {'dtype':9} {'tok/s':>8} {'stock':>8} {'x':>6}   samples (ours | stock)")
+    for r in rows:
+        print(f"{r['kind']:8} {r['streams']:>7} {r['dtype']:9} {r['tok_s']:>8.1f} {r['stock_tok_s']:>8.1f} "
+              f"{r['tok_s'] / r['stock_tok_s']:>6.2f}   {r['samples']} | {r['stock_samples']}")
+    print(f"appended {len(rows)} lines to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

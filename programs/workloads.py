@@ -1,0 +1,96 @@
+"""The benchmark's workloads, each one program from ``programs/`` behind one small interface.
+
+A workload turns (problems, backend, mode) into per-problem answers plus the mechanism statistics
+it can report; ``programs.bench`` times it and does the bookkeeping. Workloads whose programs
+have not landed are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from programs.bench_modes import Mode
+from programs.datasets import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSettings:
+    """What every workload of a run shares (from the command line)."""
+
+    num_branches: int = 4
+    max_new_tokens: int = 96
+    temperature: float = 0.7
+    seed: int = 0
+    shots: int = 3  # held-out exemplars in front of every question (the shared prompt tail)
+
+
+@dataclasses.dataclass
+class WorkloadRun:
+    answers: list[str | None]
+    correct: list[bool]
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
+    # Seconds spent on reference measurements that the mode itself would not run (the full-depth
+    # verifier that CGEE error is measured against); subtracted from the mode's wall time.
+    reference_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    run: Callable[[list[Problem], Any, Mode, BenchSettings, tuple[Problem, ...]], WorkloadRun]
+    # Extra SGLang ServerArgs for this workload's engines (e.g. a capped KV pool).
+    engine_overrides: Callable[[list[Problem], BenchSettings], dict[str, Any]] = lambda problems, settings: {}
+    uses: frozenset[str] = frozenset()  # mechanisms the workload can exercise
+
+
+def _run_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    from programs.sc import SamplingConfig, solve_batch
+
+    config = SamplingConfig(settings.num_branches, settings.max_new_tokens, settings.temperature, settings.seed)
+    results = solve_batch(problems, config, backend, progress_bar=False, exemplars=exemplars)
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results])
+
+
+def _run_tot(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    from programs.tot import TotConfig, solve_batch
+
+    results = solve_batch(problems, TotConfig(seed=settings.seed), backend)
+    return WorkloadRun([r.answer for r in results], [r.answer == r.problem.answer for r in results])
+
+
+def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    """Best-of-N; CGEE modes verify with skip + early exit, the others at full depth.
+
+    CGEE modes also run the full-depth verifier on the same candidates, untimed (``reference_s``),
+    because CGEE error is defined against its decisions.
+    """
+    from programs.bon import solve_batch, summarize
+    from programs.sc import SamplingConfig
+
+    config = SamplingConfig(settings.num_branches, settings.max_new_tokens, settings.temperature, settings.seed)
+    verify_modes = ("full", "cgee") if mode.cgee else ("full",)
+    results, verify_s = solve_batch(problems, config, backend, modes=verify_modes, exemplars=exemplars)
+    used = verify_modes[-1]
+    stats = {}
+    if mode.cgee:
+        row = next(r for r in summarize(results, verify_s, "") if r["mode"] == "cgee")
+        stats = {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_error_ub95")}
+    return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results], stats,
+                       reference_s=verify_s["full"] if mode.cgee else 0.0)
+
+
+WORKLOADS: dict[str, Workload] = {
+    "sc": Workload("sc", _run_sc, uses=frozenset({"rsbcm"})),
+    "tot": Workload("tot", _run_tot, uses=frozenset({"rsbcm"})),
+    "bon-verify": Workload("bon-verify", _run_bon, uses=frozenset({"cgee", "rsbcm"})),
+}
+PLANNED = ("diverse-sc",)
+
+
+def resolve_workload(name: str) -> Workload:
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if name in PLANNED:
+        raise ValueError(f"--workload: {name!r} has not landed yet; available: {', '.join(WORKLOADS)}")
+    raise ValueError(f"--workload: unknown workload {name!r}; valid: {', '.join((*WORKLOADS, *PLANNED))}")

@@ -1,0 +1,134 @@
+"""``RkscRadixCache``: SGLang's RadixCache whose nodes carry a branch depth and score.
+
+Registered as radix-cache backend ``rksc`` (``radix_ext.plugin``), selected with
+``--radix-cache-backend rksc``. Under any stock eviction policy it is SGLang's ``RadixCache``
+plus metadata that nothing reads; ``--radix-eviction-policy rsbcm`` evicts by
+``radix_ext.eviction.RSBCMStrategy``, and so does ``RkscConfig(rsbcm=True)`` (``--rsbcm``), which
+implies the backend.
+
+Where the metadata comes from (wire format: ``rksc_sgl.scores``): every request may carry a
+``BranchTag`` in ``sampling_params.custom_params``. At each checkpoint (prefill done, chunk
+done, request finished) the parent inserts the request's tokens, then
+
+* the nodes holding tokens this request computed itself (positions >= ``req.prefix_len``, the
+  prefix it found cached) get its depth; a node two branches computed keeps the shallower one;
+* if the tag has a score, every node on the request's path at depth >= the tag's depth gets it
+  (the latest report wins), whenever those nodes were inserted.
+
+Overrides of RadixCache, each pinned by ``tests/unit/test_backend_tree.py``:
+
+* ``__init__``: SGLang's strategy table is private, so under ``rsbcm`` the parent is built with
+  ``lru`` and the strategy replaced afterwards;
+* ``checkpoint``: the parent's, then the tagging above (``req.last_node`` is then the deepest
+  node of the request's path);
+* ``_split_node``: the new upper node holds a prefix of the same branch, so it inherits depth and
+  score;
+* ``reset``: clears the report counter (the metadata lives on nodes and goes with them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
+
+from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth
+from rksc_sgl.config import RkscConfig
+from rksc_sgl.scores import BranchTag
+
+logger = logging.getLogger(__name__)
+
+
+class RkscRadixCache(RadixCache):
+    def __init__(self, params, *, rsbcm: bool = False) -> None:
+        """``rsbcm``: evict by RSBCM (``--rsbcm``); ``--radix-eviction-policy rsbcm`` also selects it."""
+        self.score_reports = 0
+        policy = params.eviction_policy.lower()
+        rsbcm = rsbcm or policy == POLICY_NAME
+        if rsbcm and policy not in ("lru", POLICY_NAME):
+            raise ValueError(f"--rsbcm conflicts with --radix-eviction-policy {policy}; drop one of them")
+        strategy_config = params.eviction_policy_config if rsbcm else None
+        if rsbcm:
+            params = dataclasses.replace(params, eviction_policy="lru", eviction_policy_config=None)
+        super().__init__(params)
+        if rsbcm:
+            self.eviction_policy = POLICY_NAME
+            if not self.disable:
+                self.eviction_strategy = RSBCMStrategy(**(strategy_config or {}))
+
+    def reset(self) -> None:
+        super().reset()
+        self.score_reports = 0
+
+    def checkpoint(self, req, *, up_to: int) -> None:
+        own_start = req.prefix_len  # before the parent's insert: what the request found cached
+        super().checkpoint(req, up_to=up_to)
+        if self.disable:
+            return
+        tag = request_tag(req)
+        if tag is None:
+            return
+        tag_own_nodes(req.last_node, self.root_node, own_start, tag.depth)
+        if tag.score is not None:
+            score_path(req.last_node, self.root_node, tag)
+            self.score_reports += 1
+
+    def _split_node(self, key, child: TreeNode, split_len: int) -> TreeNode:
+        new_node = super()._split_node(key, child, split_len)
+        for attr in (DEPTH_ATTR, SCORE_ATTR):
+            if hasattr(child, attr):
+                setattr(new_node, attr, getattr(child, attr))
+        return new_node
+
+
+def request_tag(req) -> BranchTag | None:
+    """The request's BranchTag; a malformed one (rejected at the tokenizer, see plugin) is ignored."""
+    try:
+        return BranchTag.from_custom_params(getattr(req.sampling_params, "custom_params", None))
+    except ValueError as e:
+        logger.warning("request %s: ignoring rksc metadata: %s", getattr(req, "rid", "?"), e)
+        return None
+
+
+def path_to_root(node: TreeNode, root: TreeNode) -> list[TreeNode]:
+    """Nodes from ``node`` up to the root's child, deepest first."""
+    path = []
+    while node is not None and node is not root:
+        path.append(node)
+        node = node.parent
+    return path
+
+
+def tag_own_nodes(last_node: TreeNode, root: TreeNode, own_start: int, depth: int) -> None:
+    """Give ``depth`` to the path's nodes that start at token position >= ``own_start``."""
+    path = path_to_root(last_node, root)
+    end = sum(len(node.key) for node in path)
+    for node in path:
+        start = end - len(node.key)
+        if start < own_start:
+            return
+        current = node_depth(node)
+        setattr(node, DEPTH_ATTR, depth if current is None else min(current, depth))
+        end = start
+
+
+def score_path(last_node: TreeNode, root: TreeNode, tag: BranchTag) -> None:
+    """Set the tag's score on the path's nodes that belong to a branch at depth >= tag.depth."""
+    for node in path_to_root(last_node, root):
+        depth = node_depth(node)
+        if depth is not None and depth >= tag.depth:
+            setattr(node, SCORE_ATTR, float(tag.score))
+
+
+def build_cache(ctx: Any) -> RkscRadixCache:
+    """The factory SGLang's registry calls (``TreeCacheBuildContext`` -> cache), once per scheduler."""
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        raise ValueError(
+            "--radix-cache-backend rksc supports full-attention models only "
+            "(this model has sliding-window or state-space layers)"
+        )
+    if ctx.enable_hierarchical_cache:
+        raise ValueError("--radix-cache-backend rksc does not support --enable-hierarchical-cache")
+    return RkscRadixCache(ctx.params, rsbcm=RkscConfig.from_env().rsbcm)

@@ -1,0 +1,63 @@
+"""RSBCM's tree metadata, read back through SGLang's internal state.
+
+An AFTER hook on ``SchedulerInternalStateController.get_internal_state`` (installed by
+``radix_ext.plugin``) adds ``rksc_cache`` to the readback (``Engine.get_server_info()
+["internal_states"][0]``, HTTP ``/get_server_info``):
+
+* ``cache_class`` and ``eviction_policy`` of the scheduler's tree cache, whatever it is;
+* for ``RkscRadixCache``: ``score_reports`` (requests that carried a score since the last
+  flush) and ``nodes``, a list of ``[depth, score, num_tokens]`` aggregated over the tree (depth
+  and score null where unset).
+
+Evicted-token totals are in ``rksc_kv_pool`` (``radix_ext.introspection``). Only meaningful
+while no request runs.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+KEY = "rksc_cache"
+STATE_TARGET = (
+    "sglang.srt.managers.scheduler_components.internal_state."
+    "SchedulerInternalStateController.get_internal_state"
+)
+
+
+def node_metadata(cache) -> list[list[Any]]:
+    """``[depth, score, num_tokens]`` per distinct (depth, score) over the tree's nodes."""
+    from radix_ext.eviction import node_depth, node_score
+
+    tokens: dict[tuple, int] = collections.Counter()
+    stack = list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        tokens[(node_depth(node), node_score(node))] += len(node.key)
+        stack.extend(node.children.values())
+    order = sorted(tokens, key=lambda k: (k[0] is None, k[0] or 0, k[1] is None, k[1] or 0.0))
+    return [[depth, score, tokens[(depth, score)]] for depth, score in order]
+
+
+def cache_stats(cache) -> dict[str, Any]:
+    from radix_ext.backend import RkscRadixCache
+
+    stats = {
+        "cache_class": f"{type(cache).__module__}.{type(cache).__qualname__}",
+        "eviction_policy": getattr(cache, "eviction_policy", None),
+    }
+    if isinstance(cache, RkscRadixCache):
+        stats["score_reports"] = cache.score_reports
+        stats["nodes"] = node_metadata(cache)
+    return stats
+
+
+def _add_cache_stats(result, controller, *args, **kwargs):
+    result.internal_state[KEY] = cache_stats(controller.scheduler.tree_cache)
+    return result
+
+
+def install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(STATE_TARGET, _add_cache_stats, HookType.AFTER)

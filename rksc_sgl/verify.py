@@ -1,0 +1,202 @@
+"""``verify``: pick the winner among a program's forked candidates, with confidence-gated early exit.
+
+Level 1 (here, no request): each candidate's generation confidence and the skip rule of
+``rksc_sgl.confidence``; a confident winner is accepted without verification. Otherwise every
+candidate is scored by the verifier prompt, its own conversation followed by a user turn asking
+whether the solution is correct, so the runtime's radix cache already holds all but that short
+turn. The score is P(Yes) normalised over the Yes/No tokens of the first answer token, read from
+one batched ``/generate`` request (``max_new_tokens=1``, greedy, ``token_ids_logprob``) sent
+through the backend's own transport, so ``EngineBackend`` and ``RkscEndpoint`` both work.
+
+Level 2 (in the runtime, ``radix_ext.early_exit``): the request carries ``rksc_early_exit``
+options and the forward stops at the first layer whose logit-lens entropy is low and stable.
+
+Modes: ``"cgee"`` (both levels), ``"full"`` (every candidate verified at full depth; with
+``lens=True`` the runtime also reports every layer's lens entropy and Yes/No log-probabilities,
+which calibration replays the exit rule on). Verification requests are never inserted into the
+radix tree, in either mode, so the two can be timed against each other in one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from radix_ext.exit_rule import EarlyExitParams
+from rksc_sgl.confidence import SkipDecision, answer_confidences, branch_confidence, skip_decision
+from rksc_sgl.config import RkscConfig
+
+VERIFY_QUESTION = "Is the solution above correct? Answer Yes or No."
+YES_WORDS = ("Yes", " Yes", "yes", " yes")
+NO_WORDS = ("No", " No", "no", " no")
+MODES = ("cgee", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class CgeeThresholds:
+    tau_conf: float
+    margin: float
+    theta: float  # nats
+    epsilon: float  # nats
+    min_layer: int
+
+    @classmethod
+    def from_config(cls, config: RkscConfig | None = None) -> "CgeeThresholds":
+        config = config or RkscConfig.from_env()
+        return cls(config.cgee_tau_conf, config.cgee_margin, config.cgee_theta, config.cgee_epsilon,
+                   config.cgee_min_layer)
+
+    @classmethod
+    def load(cls, path: str) -> "CgeeThresholds":
+        """Read a file written by ``programs.calibrate_cgee`` (validated like the flags)."""
+        with open(path) as f:
+            values = json.load(f)["thresholds"]
+        config = RkscConfig(**{f"cgee_{k}": v for k, v in values.items()})  # ValueError naming the flag
+        return cls.from_config(config)
+
+    def exit_params(self, lens_token_ids: Sequence[int] = ()) -> EarlyExitParams:
+        return EarlyExitParams(theta=self.theta, epsilon=self.epsilon, min_layer=self.min_layer,
+                               lens_token_ids=tuple(lens_token_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    context: str  # the candidate's whole conversation so far, as the program's backend rendered it
+    answer: Hashable | None  # what the candidate concludes (None if it concludes nothing)
+    token_logprobs: tuple[float, ...]  # one per generated token
+
+
+def candidates_from_forks(forks, var_name: str, answers: Sequence[Hashable | None]) -> list[Candidate]:
+    """Candidates from a program's fork states whose gen ``var_name`` had ``return_logprob=True``."""
+    return [
+        Candidate(f.text(), answer, tuple(e[0] for e in f.get_meta_info(var_name)["output_token_logprobs"]))
+        for f, answer in zip(forks, answers)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    mode: str
+    winner: int  # index of the chosen candidate
+    answer: Hashable | None
+    skipped: bool  # level 1 accepted the winner without verification
+    confidences: tuple[float, ...]  # per candidate: exp(mean token logprob)
+    skip: SkipDecision
+    scores: tuple[float, ...] | None = None  # per candidate P(Yes); None when skipped
+    exit_layers: tuple[int | None, ...] | None = None  # per candidate, 1..num_layers
+    entropies: tuple[tuple[float | None, ...] | None, ...] | None = None  # per candidate, per layer
+    lens_scores: tuple[tuple[float | None, ...] | None, ...] | None = None  # per candidate, per layer P(Yes)
+    layers_run: tuple[int | None, ...] | None = None  # per candidate: layers its forward batch ran
+    verify_time_s: float = 0.0  # wall time of the verification request (0 when skipped)
+
+    @property
+    def decision(self) -> Hashable:
+        """What the program concludes: the winner's answer, or the winner itself if it has none."""
+        return self.answer if self.answer is not None else f"#{self.winner}"
+
+
+def verifier_prompt(backend, context: str) -> str:
+    template = backend.chat_template
+    user_prefix, user_suffix = template.get_prefix_and_suffix("user", [])
+    assistant_prefix, _ = template.get_prefix_and_suffix("assistant", [])
+    return f"{context}{user_prefix}{VERIFY_QUESTION}{user_suffix}{assistant_prefix}"
+
+
+def verdict_token_ids(backend) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The single-token spellings of Yes and No in the backend's vocabulary."""
+    cached = getattr(backend, "_rksc_verdict_ids", None)
+    if cached is None:
+        encoded = [[backend.token_ids(w) for w in words] for words in (YES_WORDS, NO_WORDS)]
+        cached = tuple(tuple(sorted({ids[0] for ids in spellings if len(ids) == 1})) for spellings in encoded)
+        if not all(cached):
+            raise ValueError("the model's vocabulary has no single-token Yes/No; verify needs one")
+        backend._rksc_verdict_ids = cached  # one assignment: safe for concurrent first calls
+    return cached
+
+
+def yes_probability(logprobs: dict[int, float], yes_ids: Sequence[int], no_ids: Sequence[int]) -> float:
+    """P(Yes) / (P(Yes) + P(No)), summing each over its token spellings (logsumexp, stable)."""
+    def lse(ids) -> float:
+        values = [logprobs[i] for i in ids if logprobs.get(i) is not None]
+        if not values:
+            return -math.inf
+        top = max(values)
+        return top + math.log(sum(math.exp(v - top) for v in values))
+
+    yes, no = lse(yes_ids), lse(no_ids)
+    if yes == no:  # includes both absent
+        return 0.5
+    return 1.0 / (1.0 + math.exp(min(no - yes, 700.0)))
+
+
+def _level1(candidates: Sequence[Candidate], thresholds: CgeeThresholds):
+    confidences = tuple(branch_confidence(c.token_logprobs) for c in candidates)
+    decision = skip_decision(answer_confidences([c.answer for c in candidates], confidences),
+                             thresholds.tau_conf, thresholds.margin)
+    return confidences, decision
+
+
+def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
+           thresholds: CgeeThresholds | None = None, lens: bool = False) -> VerifyResult:
+    """Choose the winner among ``candidates`` (see the module docstring for the modes).
+
+    ``thresholds`` default to ``RkscConfig`` (``--cgee-*`` flags; ``CgeeThresholds.load`` reads a
+    calibration file). ``lens`` (mode "full") asks for every layer's lens diagnostics.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not candidates:
+        raise ValueError("verify needs at least one candidate")
+    thresholds = thresholds or CgeeThresholds.from_config()
+    confidences, decision = _level1(candidates, thresholds)
+    if mode == "cgee" and decision.skip:
+        winner = max((i for i, c in enumerate(candidates) if c.answer == decision.winner),
+                     key=lambda i: confidences[i])
+        return VerifyResult(mode, winner, candidates[winner].answer, True, confidences, decision)
+
+    yes_ids, no_ids = verdict_token_ids(backend)
+    verdict_ids = yes_ids + no_ids
+    if mode == "cgee":
+        params = thresholds.exit_params()
+    else:
+        params = EarlyExitParams(full_depth=True, lens=lens, lens_token_ids=verdict_ids if lens else ())
+    body = {
+        "text": [verifier_prompt(backend, c.context) for c in candidates],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0, "custom_params": params.to_custom_params()},
+        "return_logprob": True,
+        "token_ids_logprob": list(verdict_ids),
+    }
+    start = time.perf_counter()
+    outputs = backend._generate_http_request(None, body)
+    elapsed = time.perf_counter() - start
+    metas = [o["meta_info"] for o in (outputs if isinstance(outputs, list) else [outputs])]
+
+    def first(meta: dict[str, Any], key: str):
+        value = meta.get(key)
+        return value[0] if value else None
+
+    scores = tuple(
+        yes_probability({i: lp for lp, i, *_ in m["output_token_ids_logprobs"][0]}, yes_ids, no_ids) for m in metas
+    )
+    lens_scores = None
+    if any(first(m, "rksc_lens_logprobs") for m in metas):
+        lens_scores = tuple(
+            tuple(None if lps is None else yes_probability(dict(zip(verdict_ids, lps)), yes_ids, no_ids)
+                  for lps in first(m, "rksc_lens_logprobs"))
+            if first(m, "rksc_lens_logprobs") else None
+            for m in metas
+        )
+    winner = max(range(len(candidates)), key=lambda i: (scores[i], -i))
+    return VerifyResult(
+        mode, winner, candidates[winner].answer, False, confidences, decision, scores,
+        exit_layers=tuple(first(m, "rksc_exit_layer") for m in metas),
+        entropies=tuple(None if first(m, "rksc_entropies") is None else tuple(first(m, "rksc_entropies"))
+                        for m in metas),
+        lens_scores=lens_scores,
+        layers_run=tuple(first(m, "rksc_layers_run") for m in metas),
+        verify_time_s=elapsed,
+    )

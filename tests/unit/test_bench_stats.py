@@ -1,0 +1,41 @@
+"""Benchmark statistics: intervals and ratios on known values."""
+
+from __future__ import annotations
+
+import pytest
+
+from programs.bench_stats import agreement, clopper_pearson_upper95, ratio, wilson_ci95
+
+
+class TestWilson:
+    def test_interval_contains_the_estimate_and_stays_in_unit_range(self):
+        low, high = wilson_ci95(7, 10)
+        assert 0.0 <= low < 0.7 < high <= 1.0
+
+    def test_known_value(self):  # 50/100: 0.4038 .. 0.5962
+        assert wilson_ci95(50, 100) == pytest.approx([0.4038, 0.5962], abs=1e-4)
+
+    def test_empty_sample_has_no_interval(self):
+        assert wilson_ci95(0, 0) is None
+
+
+class TestClopperPearson:
+    def test_zero_failures_gives_rule_of_three(self):  # 1 - 0.05 ** (1/n) ~ 3/n
+        assert clopper_pearson_upper95(0, 100) == pytest.approx(1 - 0.05 ** (1 / 100), abs=1e-4)
+
+    def test_paper_figure(self):  # 6 / 1,616 decisions differ: upper bound ~0.73%
+        ub = clopper_pearson_upper95(6, 1616)
+        assert 6 / 1616 < ub < 0.008
+
+    def test_bound_grows_with_failures(self):
+        assert clopper_pearson_upper95(1, 50) < clopper_pearson_upper95(5, 50) < 1.0
+
+
+class TestRatiosAndAgreement:
+    def test_ratio_of_missing_or_zero_is_none(self):
+        assert ratio(None, 2.0) is None and ratio(2.0, 0.0) is None
+        assert ratio(3.0, 2.0) == 1.5
+
+    def test_agreement_counts_equal_answers(self):
+        assert agreement(["1", "2", None], ["1", "3", None]) == pytest.approx(2 / 3, abs=1e-4)
+        assert agreement(["1"], []) is None

@@ -1,0 +1,293 @@
+"""The CPU fast path on tensors: batched decode attention (``radix_ext.cpu_attention``), the thread
+policy and the oneDNN linears (``radix_ext.cpu_speed``).
+
+References: a float64 softmax(q k^T) v per request, and SGLang's own ``torch_native`` decode loop
+(``TestSGLangContract``: if stock's routine changes underneath, the comparison says so).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+from radix_ext import cpu_attention
+from radix_ext.cpu_attention import BACKEND_NAME, BatchedDecodeAttnBackend, DecodeSlots, batched_decode_attention
+from radix_ext.cpu_speed import ONEDNN_ENV, THREADS_ENV, TOKENS_ENV, ThreadPolicy, use_onednn_linears
+
+HEAD_DIM = 64
+POOL_SLOTS = 20000  # room for 32 requests of up to MAX_CONTEXT tokens
+MAX_CONTEXT = 512
+
+
+def make_batch(seq_lens, q_heads=9, kv_heads=3, seed=0, dtype=torch.float32):
+    """Random pool, queries and a req_to_token table whose rows use scattered, disjoint slots."""
+    g = torch.Generator().manual_seed(seed)
+    k_buffer = torch.randn(POOL_SLOTS, kv_heads, HEAD_DIM, generator=g, dtype=dtype)
+    v_buffer = torch.randn(POOL_SLOTS, kv_heads, HEAD_DIM, generator=g, dtype=dtype)
+    query = torch.randn(len(seq_lens), q_heads, HEAD_DIM, generator=g, dtype=dtype)
+    req_to_token = torch.zeros(len(seq_lens) + 2, MAX_CONTEXT, dtype=torch.int32)
+    free = torch.randperm(POOL_SLOTS - 1, generator=g) + 1  # slot 0 is SGLang's padding slot
+    req_pool_indices = torch.arange(2, len(seq_lens) + 2)  # not 0..B-1: rows are looked up
+    start = 0
+    for row, n in zip(req_pool_indices.tolist(), seq_lens):
+        req_to_token[row, :n] = free[start:start + n].to(torch.int32)
+        start += n
+    return types.SimpleNamespace(
+        query=query, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices, seq_lens=torch.tensor(seq_lens), scale=HEAD_DIM**-0.5,
+    )
+
+
+def float64_reference(b) -> torch.Tensor:
+    outs = []
+    groups = b.query.shape[1] // b.k_buffer.shape[1]
+    for i, n in enumerate(b.seq_lens.tolist()):
+        slots = b.req_to_token[b.req_pool_indices[i], :n].long()
+        keys = b.k_buffer[slots].double().repeat_interleave(groups, dim=1)  # [n, q_heads, dim]
+        values = b.v_buffer[slots].double().repeat_interleave(groups, dim=1)
+        scores = torch.einsum("hd,nhd->hn", b.query[i].double(), keys) * b.scale
+        outs.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values))
+    return torch.stack(outs)
+
+
+def stock_torch_native(b) -> torch.Tensor:
+    out = torch.empty_like(b.query)
+    stock = types.SimpleNamespace(_make_sliding_window_mask=TorchNativeAttnBackend._make_sliding_window_mask)
+    TorchNativeAttnBackend._run_sdpa_forward_decode(
+        stock, b.query, out, b.k_buffer, b.v_buffer, b.req_to_token, b.req_pool_indices, b.seq_lens,
+        scaling=b.scale, enable_gqa=b.query.shape[1] != b.k_buffer.shape[1],
+    )
+    return out
+
+
+def run_batched(b) -> torch.Tensor:
+    slots = DecodeSlots.build(b.req_to_token, b.req_pool_indices, b.seq_lens)
+    return batched_decode_attention(b.query, b.k_buffer, b.v_buffer, slots, scale=b.scale)
+
+
+class TestBatchedDecodeAttention:
+    @pytest.mark.parametrize("seq_lens", [[1], [37], [5, 300, 17, 64, 1, 129, 128, 2], [200] * 4])
+    def test_matches_float64_reference(self, seq_lens):
+        b = make_batch(seq_lens)
+        torch.testing.assert_close(run_batched(b).double(), float64_reference(b), atol=2e-6, rtol=1e-5)
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_matches_stock_torch_native_within_float_rounding(self, seed):
+        g = torch.Generator().manual_seed(100 + seed)
+        seq_lens = torch.randint(1, MAX_CONTEXT, (int(torch.randint(1, 33, (1,), generator=g)),), generator=g)
+        b = make_batch(seq_lens.tolist(), seed=seed)
+        torch.testing.assert_close(run_batched(b), stock_torch_native(b), atol=1e-6, rtol=1e-5)
+
+    def test_one_request_is_bit_identical_to_stock(self):
+        b = make_batch([213])
+        assert torch.equal(run_batched(b), stock_torch_native(b))
+
+    def test_multi_head_attention_without_grouping(self):
+        b = make_batch([3, 40, 9], q_heads=4, kv_heads=4)
+        torch.testing.assert_close(run_batched(b).double(), float64_reference(b), atol=2e-6, rtol=1e-5)
+
+    def test_padding_never_reads_unwritten_slots(self):
+        b = make_batch([4, 50, 7])
+        used = b.req_to_token[b.req_pool_indices].long().flatten()
+        poisoned = torch.full((POOL_SLOTS,), True)
+        poisoned[used[used > 0]] = False
+        b.k_buffer[poisoned] = float("nan")  # stale/unwritten slots, slot 0 included
+        b.v_buffer[poisoned] = float("nan")
+        out = run_batched(b)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), float64_reference(b), atol=2e-6, rtol=1e-5)
+
+
+def make_extend_batch(prefix_lens, extend_lens, seed=0):
+    """A decode-style batch whose requests have ``prefix + extend`` cached slots, and the queries
+    of the ``extend`` new tokens of each, concatenated: [num_tokens, q_heads, dim]."""
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    b = make_batch(seq_lens, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    b.query = torch.randn(sum(extend_lens), b.query.shape[1], HEAD_DIM, generator=g)
+    b.prefix_lens, b.extend_lens = torch.tensor(prefix_lens), torch.tensor(extend_lens)
+    return b
+
+
+def extend_float64_reference(b) -> torch.Tensor:
+    groups = b.query.shape[1] // b.k_buffer.shape[1]
+    outs, start = [], 0
+    for i, (prefix, extend) in enumerate(zip(b.prefix_lens.tolist(), b.extend_lens.tolist())):
+        slots = b.req_to_token[b.req_pool_indices[i], :prefix + extend].long()
+        keys = b.k_buffer[slots].double().repeat_interleave(groups, dim=1)
+        values = b.v_buffer[slots].double().repeat_interleave(groups, dim=1)
+        for j in range(extend):
+            visible = prefix + j + 1
+            scores = torch.einsum("hd,nhd->hn", b.query[start + j].double(), keys[:visible]) * b.scale
+            outs.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values[:visible]))
+        start += extend
+    return torch.stack(outs)
+
+
+def run_extend(b, backend_class) -> torch.Tensor:
+    backend = object.__new__(backend_class)  # the loop reads no instance state
+    out = torch.empty_like(b.query)
+    return backend._run_sdpa_forward_extend(
+        b.query, out, b.k_buffer, b.v_buffer, b.req_to_token, b.req_pool_indices, b.seq_lens,
+        b.prefix_lens, b.extend_lens, scaling=b.scale, enable_gqa=True, causal=True,
+    )
+
+
+class TestExtendAttention:
+    CASES = [([0], [7]), ([30], [1]), ([0, 120, 5, 0, 250], [1, 5, 40, 33, 3])]
+
+    @pytest.mark.parametrize("prefix_lens,extend_lens", CASES)
+    def test_matches_float64_reference(self, prefix_lens, extend_lens):
+        b = make_extend_batch(prefix_lens, extend_lens)
+        got = run_extend(b, BatchedDecodeAttnBackend).double()
+        torch.testing.assert_close(got, extend_float64_reference(b), atol=2e-6, rtol=1e-5)
+
+    @pytest.mark.parametrize("prefix_lens,extend_lens", CASES)
+    def test_matches_stock_extend_within_float_rounding(self, prefix_lens, extend_lens):
+        b = make_extend_batch(prefix_lens, extend_lens)
+        torch.testing.assert_close(
+            run_extend(b, BatchedDecodeAttnBackend), run_extend(b, TorchNativeAttnBackend), atol=1e-6, rtol=1e-5
+        )
+
+    def test_fresh_prompt_is_bit_identical_to_stock(self):
+        b = make_extend_batch([0], [300])
+        assert torch.equal(run_extend(b, BatchedDecodeAttnBackend), run_extend(b, TorchNativeAttnBackend))
+
+
+class TestDecodeSlots:
+    def test_equal_lengths_need_no_mask(self):
+        b = make_batch([16, 16, 16])
+        slots = DecodeSlots.build(b.req_to_token, b.req_pool_indices, b.seq_lens)
+        assert slots.mask is None and (slots.batch_size, slots.max_len) == (3, 16)
+
+    def test_short_requests_are_padded_with_their_own_first_slot(self):
+        b = make_batch([2, 5])
+        slots = DecodeSlots.build(b.req_to_token, b.req_pool_indices, b.seq_lens)
+        first_row = slots.flat.view(2, 5)[0]
+        own_first = int(b.req_to_token[b.req_pool_indices[0], 0])
+        assert first_row[2:].tolist() == [own_first] * 3
+        assert slots.mask.shape == (2, 1, 1, 5)
+        assert slots.mask[:, 0, 0].tolist() == [[True, True, False, False, False], [True] * 5]
+
+
+class TestThreadPolicy:
+    def test_small_forwards_use_the_small_thread_count(self):
+        policy = ThreadPolicy(small_forward_tokens=64, small_forward_threads=1, default_threads=2)
+        assert [policy.threads_for(n) for n in (1, 64, 65, 2000)] == [1, 1, 2, 2]
+
+    def test_zero_tokens_turns_the_policy_off(self):
+        policy = ThreadPolicy(small_forward_tokens=0, small_forward_threads=1, default_threads=2)
+        assert policy.threads_for(1) == 2
+
+    def test_apply_sets_torch_threads(self):
+        before = torch.get_num_threads()
+        try:
+            ThreadPolicy(small_forward_tokens=8, small_forward_threads=1).apply(4)
+            assert torch.get_num_threads() == 1
+        finally:
+            torch.set_num_threads(before)
+
+    def test_environment_overrides_defaults(self, monkeypatch):
+        monkeypatch.setenv(TOKENS_ENV, "16")
+        monkeypatch.setenv(THREADS_ENV, "2")
+        policy = ThreadPolicy.from_env()
+        assert (policy.small_forward_tokens, policy.small_forward_threads) == (16, 2)
+
+    @pytest.mark.parametrize("env,value", [(TOKENS_ENV, "many"), (TOKENS_ENV, "-1"), (THREADS_ENV, "0")])
+    def test_bad_environment_value_names_the_variable(self, monkeypatch, env, value):
+        monkeypatch.setenv(env, value)
+        with pytest.raises(ValueError, match=env):
+            ThreadPolicy.from_env()
+
+
+class TestRegistration:
+    def test_install_registers_the_backend_on_the_cpu_path(self, monkeypatch):
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+        cpu_attention.install()
+        cpu_attention.install()
+        assert ATTENTION_BACKENDS[BACKEND_NAME] is cpu_attention.create_backend
+        assert ATTENTION_BACKEND_CHOICES.count(BACKEND_NAME) == 1
+
+
+class TestSGLangContract:
+    """What ``BatchedDecodeAttnBackend`` assumes of SGLang 0.5.23's ``TorchNativeAttnBackend``."""
+
+    def test_stock_decode_loop_still_has_the_signature_we_compare_against(self):
+        b = make_batch([3, 9])
+        torch.testing.assert_close(stock_torch_native(b).double(), float64_reference(b), atol=2e-6, rtol=1e-5)
+
+    def test_the_parent_hooks_we_override_exist(self):
+        for name in ("init_forward_metadata", "forward_decode", "forward_extend", "_run_sdpa_forward_decode"):
+            assert callable(getattr(TorchNativeAttnBackend, name))
+
+
+class TinyModel(torch.nn.Module):
+    """SGLang-shaped layers: each linear holds ``weight`` and a ``quant_method`` that runs it."""
+
+    def __init__(self, tied_lm_head: bool = True, dtype=torch.float32):
+        from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
+
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.embed_tokens = torch.nn.Module()
+        self.embed_tokens.weight = torch.nn.Parameter(torch.randn(40, 16, generator=g, dtype=dtype), requires_grad=False)
+        self.embed_tokens.quant_method = UnquantizedEmbeddingMethod()
+        self.proj = torch.nn.Module()
+        self.proj.weight = torch.nn.Parameter(torch.randn(24, 16, generator=g, dtype=dtype), requires_grad=False)
+        self.proj.quant_method = UnquantizedLinearMethod()
+        self.lm_head = self.embed_tokens if tied_lm_head else torch.nn.Linear(16, 40)
+
+
+class TestOneDnnLinears:
+    def test_linears_and_tied_lm_head_are_swapped_and_still_compute_x_w_t(self):
+        from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+        model = TinyModel()
+        x = torch.randn(5, 16)
+        assert use_onednn_linears(model) == 2
+        assert isinstance(model.proj.quant_method, UnquantizedLinearMethod)  # SGLang's isinstance checks hold
+        for layer in (model.proj, model.embed_tokens):
+            out = layer.quant_method.apply(layer, x)
+            torch.testing.assert_close(out, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+    def test_embedding_lookup_is_unchanged(self):
+        model = TinyModel()
+        use_onednn_linears(model)
+        ids = torch.tensor([0, 7, 39])
+        assert torch.equal(model.embed_tokens.quant_method.embedding(model.embed_tokens, ids), model.embed_tokens.weight[ids])
+
+    def test_untied_input_embedding_and_other_dtypes_are_left_alone(self):
+        assert use_onednn_linears(TinyModel(tied_lm_head=False)) == 1  # proj only
+        assert use_onednn_linears(TinyModel(dtype=torch.bfloat16)) == 0
+
+    def test_second_call_swaps_nothing_more(self):
+        model = TinyModel()
+        use_onednn_linears(model)
+        assert use_onednn_linears(model) == 0
+
+    def test_weights_updated_in_place_are_repacked(self):
+        model = TinyModel()
+        use_onednn_linears(model)
+        x = torch.randn(3, 16)
+        model.proj.weight.mul_(2.0)
+        out = model.proj.quant_method.apply(model.proj, x)
+        torch.testing.assert_close(out, F.linear(x, model.proj.weight), rtol=1e-5, atol=1e-5)
+
+    def test_environment_switch_turns_it_off(self, monkeypatch):
+        monkeypatch.setenv(ONEDNN_ENV, "0")
+        assert use_onednn_linears(TinyModel()) == 0
+
+    def test_sglang_calls_our_apply_for_the_lm_head(self):
+        from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+
+        model = TinyModel()
+        assert not should_apply_lm_head_quant_method(model.lm_head, model.lm_head.quant_method)  # stock: matmul
+        use_onednn_linears(model)
+        assert should_apply_lm_head_quant_method(model.lm_head, model.lm_head.quant_method)

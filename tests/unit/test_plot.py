@@ -1,0 +1,25 @@
+"""The plot command draws PNGs from the latest run in a results file."""
+
+from __future__ import annotations
+
+import json
+
+from programs.plot import latest_run, plot
+
+
+def row(run_id, dataset, mode, speedup, acc):
+    return {"run_id": run_id, "workload": "sc", "dataset": dataset, "mode": mode, "model": "m", "n_problems": 10,
+            "commit": "abc", "date": "2026-11-29", "speedup_vs_no_cache": speedup, "speedup_vs_exact": speedup / 1.5,
+            "accuracy": acc, "accuracy_ci95": [max(0.0, acc - 0.1), min(1.0, acc + 0.1)]}
+
+
+def test_only_the_latest_run_is_drawn_and_both_figures_are_written(tmp_path):
+    results = tmp_path / "sc.jsonl"
+    rows = [row("1", "gsm8k", "exact", 1.2, 0.3)] + [
+        row("2", d, m, s, a) for d in ("gsm8k", "gpqa") for m, s, a in (("no-cache", 1.0, 0.3), ("exact", 1.5, 0.3), ("rksc", 2.0, 0.25))
+    ]
+    results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert {r["run_id"] for r in latest_run(results)} == {"2"}
+    written = plot(results, tmp_path)
+    assert [p.name for p in written] == ["sc_speedup.png", "sc_accuracy.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000 for p in written)

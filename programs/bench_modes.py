@@ -13,7 +13,7 @@ from typing import Any
 from rksc_sgl.config import RkscConfig
 
 MECHANISMS = ("asks", "cgee", "rsbcm")
-LANDED: frozenset[str] = frozenset({"rsbcm"})  # grows as mechanisms land
+LANDED: frozenset[str] = frozenset({"rsbcm", "cgee"})  # grows as mechanisms land
 
 
 @dataclasses.dataclass(frozen=True)

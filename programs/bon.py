@@ -200,20 +200,21 @@ def main(argv: list[str] | None = None) -> None:
     from rksc_sgl.engine import launch_engine
     from rksc_sgl.frontend import EngineBackend
 
+    command = "python -m programs.bon " + " ".join(sys.argv[1:] if argv is None else argv)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     backend = EngineBackend(launch_engine(log_level="error"))
     rows = []
     try:
         for name in args.datasets.split(","):
-            rows += measure(backend, name, args.limit, num_candidates=args.num_candidates,
-                            thresholds=thresholds, variants=variants, chunk=args.chunk, repeats=args.repeats)
+            new_rows = measure(backend, name, args.limit, num_candidates=args.num_candidates,
+                               thresholds=thresholds, variants=variants, chunk=args.chunk, repeats=args.repeats)
+            with open(args.out, "a") as f:  # per dataset: a long run keeps what it finished
+                for row in new_rows:
+                    f.write(json.dumps({**row, "command": command}) + "\n")
+            rows += new_rows
             print(f"{name}: done", file=sys.stderr)
     finally:
         backend.shutdown()
-    command = "python -m programs.bon " + " ".join(sys.argv[1:] if argv is None else argv)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "a") as f:
-        for row in rows:
-            f.write(json.dumps({**row, "command": command}) + "\n")
     head = f"{'dataset':14} {'mode':8} {'n':>4} {'skip':>6} {'exit l':>6} {'run l':>6} {'verify s':>9} {'x full':>7} {'err':>4} {'err ub95':>8} {'acc':>5}"
     print("\n" + head + "\n" + "-" * len(head))
     fmt = lambda v, f: "-" if v is None else format(v, f)

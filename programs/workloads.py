@@ -67,11 +67,12 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     """
     from programs.bon import solve_batch, summarize
     from programs.sc import SamplingConfig
+    from rksc_sgl.verify import CgeeThresholds
 
     config = SamplingConfig(settings.num_branches, settings.max_new_tokens, settings.temperature, settings.seed)
-    verify_modes = ("full", "cgee") if mode.cgee else ("full",)
+    verify_modes = {"full": None, "cgee": CgeeThresholds.from_config()} if mode.cgee else {"full": None}
     results, verify_s = solve_batch(problems, config, backend, modes=verify_modes, exemplars=exemplars)
-    used = verify_modes[-1]
+    used = list(verify_modes)[-1]
     stats = {}
     if mode.cgee:
         row = next(r for r in summarize(results, verify_s, "") if r["mode"] == "cgee")

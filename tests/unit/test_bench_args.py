@@ -1,0 +1,32 @@
+"""The benchmark's command line: modes and workloads are checked before any engine starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from programs.bench import parse_args
+from programs.bench_modes import LANDED, MODES, resolve_modes
+
+
+def test_unlanded_mechanism_is_refused_naming_it(capsys):
+    assert "asks" not in LANDED
+    with pytest.raises(SystemExit):
+        parse_args(["--modes", "exact,asks-only"])
+    assert "ASKS" in capsys.readouterr().err
+
+
+def test_unknown_workload_and_dataset_are_named(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "nope"])
+    assert "'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--datasets", "gsm8k,imagenet"])
+    assert "'imagenet'" in capsys.readouterr().err
+
+
+def test_baselines_are_stock_and_rksc_holds_only_landed_mechanisms():
+    no_cache, exact, rksc = resolve_modes("no-cache,exact,rksc")
+    assert no_cache.engine_overrides() == {"disable_radix_cache": True}
+    assert exact.engine_overrides() == {} and not exact.rksc_config().uses_backend
+    assert rksc.mechanisms == LANDED & set(MODES["rksc"].mechanisms)
+    assert rksc.rksc_config().rsbcm == ("rsbcm" in LANDED)

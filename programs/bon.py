@@ -4,8 +4,8 @@ Per round of problems (``chunk`` at a time, so the candidates' KV is still cache
 verified): the candidates are generated once, concurrently, then verified in every requested
 mode on those same candidates: ``"full"`` (every candidate scored at full depth, SGLang's own
 forward: the reference decision and the cost baseline) and ``"cgee"`` (skip + early exit). A
-mode's verification time is the wall time of its phase (the round's problems verified two at a
-time, each as one batched request of its N candidates), summed over rounds. Neither mode inserts
+mode's verification time is the wall time of its phase (the round's problems verified eight at
+a time, each as one batched request of its N candidates), summed over rounds. Neither mode inserts
 its verification prompts into the radix cache, so the phases cannot serve one another.
 
 ``measure(backend, dataset, limit)`` returns one plain dict per (dataset, mode), with the CGEE
@@ -81,10 +81,9 @@ def sample_candidates(problems: list[Problem], config: SamplingConfig, backend, 
 
 
 def verify_all(backend, candidate_sets, thresholds: CgeeThresholds | None, lens: bool = False,
-               threads: int = 2) -> tuple[list[VerifyResult], float]:
+               threads: int = 8) -> tuple[list[VerifyResult], float]:
     """Verify every problem's candidates with CGEE ``thresholds`` (None: full depth), ``threads``
-    problems at a time; return the verdicts and the phase's wall time. (SGLang's CPU attention recomputes each sequence's whole causal block
-    per layer, so here one big verification batch ran ~3x slower than two at a time.)"""
+    problems at a time; return the verdicts and the phase's wall time."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
         mode = "full" if thresholds is None else "cgee"
@@ -138,6 +137,11 @@ def summarize(results: list[BonResult], verify_s: dict[str, float], dataset: str
         verified = [v for v in verdicts if not v.skipped]
         exits = [e for v in verified for e in (v.exit_layers or ()) if e is not None]
         runs = [e for v in verified for e in (v.layers_run or ()) if e is not None]
+        depth = max((e for r in results for e in (r.verdicts["full"].exit_layers or ()) if e), default=None)
+        # Decoder-layer work per problem relative to full depth (0 when skipped): the wall-time
+        # ratio's noise-free counterpart, ignoring what does not scale with layers.
+        work = [0.0 if v.skipped else statistics.mean(v.layers_run) / depth for v in verdicts
+                if v.skipped or (depth and v.layers_run and None not in v.layers_run)]
         errors = sum(r.cgee_error(mode) for r in results)
         correct = sum(r.correct(mode) for r in results)
         rows.append({
@@ -147,6 +151,7 @@ def summarize(results: list[BonResult], verify_s: dict[str, float], dataset: str
             "cgee_skip_rate": round(sum(v.skipped for v in verdicts) / n, 4) if n else None,
             "cgee_mean_exit_layer": round(statistics.mean(exits), 2) if exits else None,
             "cgee_mean_layers_run": round(statistics.mean(runs), 2) if runs else None,
+            "layer_work_vs_full": round(statistics.mean(work), 4) if work and len(work) == n else None,
             "cgee_error": round(errors / n, 4) if n else None,
             "cgee_errors": errors,
             "cgee_error_ub95": clopper_pearson_upper95(errors, n),
@@ -215,13 +220,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: done", file=sys.stderr)
     finally:
         backend.shutdown()
-    head = f"{'dataset':14} {'mode':8} {'n':>4} {'skip':>6} {'exit l':>6} {'run l':>6} {'verify s':>9} {'x full':>7} {'err':>4} {'err ub95':>8} {'acc':>5}"
+    head = f"{'dataset':14} {'mode':8} {'n':>4} {'skip':>6} {'exit l':>6} {'run l':>6} {'verify s':>9} {'x full':>7} {'work':>5} {'err':>4} {'err ub95':>8} {'acc':>5}"
     print("\n" + head + "\n" + "-" * len(head))
     fmt = lambda v, f: "-" if v is None else format(v, f)
     for r in rows:
         print(f"{r['dataset']:14} {r['mode']:8} {r['n_problems']:>4} {fmt(r['cgee_skip_rate'], '>6.2f')} "
               f"{fmt(r['cgee_mean_exit_layer'], '>6.1f')} {fmt(r['cgee_mean_layers_run'], '>6.1f')} "
-              f"{r['verify_wall_s']:>9.2f} {fmt(r['verify_time_ratio_vs_full'], '>7.2f')} {r['cgee_errors']:>4} "
+              f"{r['verify_wall_s']:>9.2f} {fmt(r['verify_time_ratio_vs_full'], '>7.2f')} "
+              f"{fmt(r['layer_work_vs_full'], '>5.2f')} {r['cgee_errors']:>4} "
               f"{fmt(r['cgee_error_ub95'], '>8.3f')} {fmt(r['accuracy'], '>5.2f')}")
 
 

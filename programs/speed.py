@@ -58,7 +58,8 @@ def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:
 
 
 # "ours" is the default CPU engine (attention backend rksc_cpu, see radix_ext.cpu_attention); "stock"
-# is the same engine on SGLang's own torch_native backend, which also turns our thread policy off.
+# is the same engine on SGLang's own torch_native backend, which also leaves threads and linears
+# as stock (radix_ext.cpu_speed is applied by rksc_cpu only).
 ENGINES = {"ours": {}, "stock": {"attention_backend": "torch_native"}}
 
 

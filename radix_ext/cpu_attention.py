@@ -7,11 +7,12 @@ rows of 768 bytes) and calls SDPA once. With 8 streams that is 240 gathers and 2
 step. Here the KV slots of the whole batch are looked up once per step (``DecodeSlots``, padded to
 the longest request), and each layer does two ``index_select`` gathers and one SDPA call over
 ``[batch, heads, 1, head_dim]`` with a padding mask. Extend keeps stock's per-request loop but
-queries only the request's new tokens (see ``BatchedDecodeAttnBackend``). Any layer kind this does
+queries only the request's new tokens (see ``RkscCpuAttnBackend``). Any layer kind this does
 not cover (cross attention, sliding windows, encoder lengths, SWA pools) stays with the parent.
 
 Numerics: the same CPU flash-attention kernel as stock, over the same key order; padding columns
-get probability exactly 0, so outputs agree with stock up to float summation order (~1e-7).
+get probability exactly 0, so outputs agree with stock up to float summation order (~1e-7), and
+exactly for one request, for equal-length batches and for the prefill of a fresh prompt.
 
 ``create_backend`` also applies the CPU speed settings of ``radix_ext.cpu_speed``: oneDNN linears
 with pre-packed weights, and the thread policy, once per forward.
@@ -48,7 +49,9 @@ class DecodeSlots:
     max_len: int
 
     @classmethod
-    def build(cls, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> "DecodeSlots":
+    def build(
+        cls, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+    ) -> "DecodeSlots":
         """``req_to_token``: [max_reqs, max_context] int32; ``req_pool_indices``, ``seq_lens``: [batch]."""
         batch_size = int(seq_lens.shape[0])
         max_len = int(seq_lens.max())
@@ -103,7 +106,7 @@ def extend_attention(
     ).squeeze(0)
 
 
-class BatchedDecodeAttnBackend(TorchNativeAttnBackend):
+class RkscCpuAttnBackend(TorchNativeAttnBackend):
     """``TorchNativeAttnBackend`` with one batched decode call per layer, and an extend that
     attends from the new tokens only.
 
@@ -155,7 +158,8 @@ class BatchedDecodeAttnBackend(TorchNativeAttnBackend):
             )
         query = query.movedim(0, 1)  # [heads, num_tokens, dim]
         start = 0
-        for row, seq_len, extend_len in zip(req_pool_indices.tolist(), seq_lens.tolist(), extend_seq_lens.tolist()):
+        requests = zip(req_pool_indices.tolist(), seq_lens.tolist(), extend_seq_lens.tolist())
+        for row, seq_len, extend_len in requests:
             slots = req_to_token[row, :seq_len].long()
             keys = k_cache.index_select(0, slots).movedim(0, 1)  # [kv_heads, seq_len, dim]
             values = v_cache.index_select(0, slots).movedim(0, 1)
@@ -186,7 +190,7 @@ class BatchedDecodeAttnBackend(TorchNativeAttnBackend):
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
-def create_backend(model_runner) -> BatchedDecodeAttnBackend:
+def create_backend(model_runner) -> RkscCpuAttnBackend:
     """SGLang's factory call, in the scheduler once the model is loaded: also applies the CPU
     speed settings of ``radix_ext.cpu_speed`` (thread policy, oneDNN linears)."""
     from radix_ext.cpu_speed import ThreadPolicy, use_onednn_linears
@@ -194,7 +198,7 @@ def create_backend(model_runner) -> BatchedDecodeAttnBackend:
     model = getattr(model_runner, "model", None)
     if model is not None:
         logger.info("rksc_cpu: %d linears run through oneDNN", use_onednn_linears(model))
-    return BatchedDecodeAttnBackend(model_runner, ThreadPolicy.from_env())
+    return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env())
 
 
 def install() -> None:

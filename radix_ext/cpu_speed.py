@@ -1,20 +1,19 @@
 """CPU-path speed settings applied with the ``rksc_cpu`` attention backend: thread count per
 forward, and float32 linears through oneDNN with pre-packed weights.
 
-**Threads.** How many OpenMP threads one forward of the scheduler uses, by its number of tokens.
-
-Measured on the 2-core machine while other engines ran (load average 5-9): with 2 threads an
-8- or 32-row matmul of decode took 16-32 ms instead of 0.2-2 ms, because each of the ~400
-parallel regions of a decode step waits at its barrier for the second thread, which the OS has
-lent to another process. Stock ``torch_native`` decode ran at 0.7 tok/s for one stream and 4.6 tok/s
-for 8 there. With 1 thread a small forward never waits; a 1-row step loses nothing (it is
-memory-bound), an 8-row step on an idle machine loses at most the second core's share. Large
-forwards (prefill chunks) keep torch's default, as stock: their matmuls are long enough to
-amortise a barrier, and an idle machine gives them both cores.
-
-Set ``RKSC_CPU_SMALL_FORWARD_TOKENS`` (forwards of at most this many tokens are "small"; 0 turns
-the policy off) and ``RKSC_CPU_SMALL_FORWARD_THREADS`` in the environment of the process that
-starts SGLang; spawned schedulers inherit it.
+**Threads.** How many OpenMP threads a forward of the scheduler uses. Default: 1, for every
+forward. Measured on the 2-core machine while other engines ran (load average 5-15, all day): with
+torch's default of 2 threads an 8- or 32-row matmul of decode took 16-48 ms instead of 0.2-2 ms,
+because each of the ~400 parallel regions of a decode step waits at its barrier for the second
+thread, which the OS has lent to another process (libgomp's workers spin, which makes it worse).
+Stock ``torch_native`` decode ran at 2-5 tok/s for 1 and 8 streams there. With 1 thread nothing
+waits: 2,000-token prefill ran at 334 tok/s against 169 with 2 threads (both on oneDNN, same run,
+median of 5). On a quieter machine (load ~3) 2 threads were 11-26% faster (1 stream 37 vs 33
+tok/s, 8 streams 259 vs 205), and collapsed to 54-78 tok/s against 407 for 32 streams as soon as
+other engines ran. On an idle, dedicated machine set ``RKSC_CPU_THREADS=0`` (torch's default),
+or ``RKSC_CPU_LARGE_FORWARD_TOKENS=256`` to give only forwards of more tokens both cores.
+``RKSC_CPU_THREADS`` sets the count of the others (0 = torch's default). Set them in the
+environment of the process that starts SGLang; spawned schedulers inherit it.
 
 **Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU ran 2.3-4x slower than
 oneDNN with pre-packed weights at every size measured (1 thread: 8 rows 0.66 vs 0.24 ms for a
@@ -34,35 +33,37 @@ import os
 
 import torch
 
-TOKENS_ENV = "RKSC_CPU_SMALL_FORWARD_TOKENS"
-THREADS_ENV = "RKSC_CPU_SMALL_FORWARD_THREADS"
+THREADS_ENV = "RKSC_CPU_THREADS"
+LARGE_TOKENS_ENV = "RKSC_CPU_LARGE_FORWARD_TOKENS"
 
 
 @dataclasses.dataclass(frozen=True)
 class ThreadPolicy:
-    """Forwards of at most ``small_forward_tokens`` tokens run on ``small_forward_threads``
-    threads, larger ones on ``default_threads`` (torch's count when the policy was built)."""
+    """Forwards run on ``threads`` threads (0: ``default_threads``, torch's count when the policy
+    was built), except forwards of more than ``large_forward_tokens`` tokens (if > 0), which run
+    on ``default_threads``."""
 
-    small_forward_tokens: int = 256  # decode of up to 256 streams, short extends (fork prefixes)
-    small_forward_threads: int = 1
+    threads: int = 1
+    large_forward_tokens: int = 0
     default_threads: int = dataclasses.field(default_factory=torch.get_num_threads)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.small_forward_tokens, int) or self.small_forward_tokens < 0:
-            raise ValueError(f"{TOKENS_ENV} must be an integer >= 0, got {self.small_forward_tokens!r}")
-        if not isinstance(self.small_forward_threads, int) or self.small_forward_threads < 1:
-            raise ValueError(f"{THREADS_ENV} must be an integer >= 1, got {self.small_forward_threads!r}")
+        for value, env in ((self.threads, THREADS_ENV), (self.large_forward_tokens, LARGE_TOKENS_ENV)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{env} must be an integer >= 0, got {value!r}")
 
     @classmethod
     def from_env(cls) -> "ThreadPolicy":
         defaults = cls()
         return cls(
-            _env_int(TOKENS_ENV, defaults.small_forward_tokens),
-            _env_int(THREADS_ENV, defaults.small_forward_threads),
+            _env_int(THREADS_ENV, defaults.threads),
+            _env_int(LARGE_TOKENS_ENV, defaults.large_forward_tokens),
         )
 
     def threads_for(self, num_tokens: int) -> int:
-        return self.small_forward_threads if num_tokens <= self.small_forward_tokens else self.default_threads
+        if self.threads == 0 or 0 < self.large_forward_tokens < num_tokens:
+            return self.default_threads
+        return self.threads
 
     def apply(self, num_tokens: int) -> None:
         threads = self.threads_for(num_tokens)

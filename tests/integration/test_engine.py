@@ -72,3 +72,32 @@ class TestSelfConsistency:
         second = engine_backend.run(engine_backend.engine.async_generate(prompt=prompt, sampling_params=params))
         assert second["meta_info"]["cached_tokens"] > 0  # the second one is served from the cache
         assert first["text"] == second["text"]
+
+
+class TestTwoEngines:
+    """Engines share a process: tests, benchmarks and programs start several (see rksc_sgl.engine)."""
+
+    def test_a_second_engine_runs_and_shuts_down_without_harming_the_first(self, engine_backend, server_url):
+        import psutil
+        import requests
+
+        from rksc_sgl.engine import launch_engine
+
+        first_children = {p.pid for p in engine_backend.engine._rksc_children}
+        second = launch_engine(max_total_tokens=2048, log_level="error")
+        try:
+            # Called from this thread while the backend's loop runs in its own: separate loops.
+            out = second.generate(prompt="The capital of France is", sampling_params={"max_new_tokens": 2})
+            assert out["meta_info"]["completion_tokens"] == 2
+            second_children = {p.pid for p in second._rksc_children}
+            assert second_children and not second_children & first_children
+        finally:
+            second.shutdown()
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in second_children)
+        # SGLang's own shutdown would have killed every child of this process: the first engine's
+        # scheduler and the HTTP server started by the session fixture.
+        assert all(psutil.pid_exists(pid) for pid in first_children)
+        assert engine_backend.run(engine_backend.engine.async_generate(
+            prompt="1, 2, 3,", sampling_params={"max_new_tokens": 2}))["meta_info"]["completion_tokens"] == 2
+        assert requests.get(f"{server_url}/health_generate", timeout=60).status_code == 200

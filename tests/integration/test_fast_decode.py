@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 POOL_TOKENS = 4096  # small pool: fast start-up, little RAM
 TOP_LOGPROBS = 5
-LOGPROB_TOLERANCE = 1e-3  # nats; observed: at most 2.7e-5, and 0 for equal-length batches
+LOGPROB_TOLERANCE = 1e-3  # nats; observed at most 6.7e-5 (batched attention + oneDNN linears)
 TIE_TOLERANCE = 1e-3  # nats between stock's top-1 and our token, where the tokens differ
 PROMPTS = [  # different lengths, so the batch is ragged and the padding mask is used
     "The capital of France is",

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from radix_ext import cpu_attention
-from radix_ext.cpu_attention import BACKEND_NAME, BatchedDecodeAttnBackend, DecodeSlots, batched_decode_attention
-from radix_ext.cpu_speed import ONEDNN_ENV, THREADS_ENV, TOKENS_ENV, ThreadPolicy, use_onednn_linears
+from radix_ext.cpu_attention import BACKEND_NAME, RkscCpuAttnBackend, DecodeSlots, batched_decode_attention
+from radix_ext.cpu_speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_onednn_linears
 
 HEAD_DIM = 64
 POOL_SLOTS = 20000  # room for 32 requests of up to MAX_CONTEXT tokens
@@ -143,19 +143,19 @@ class TestExtendAttention:
     @pytest.mark.parametrize("prefix_lens,extend_lens", CASES)
     def test_matches_float64_reference(self, prefix_lens, extend_lens):
         b = make_extend_batch(prefix_lens, extend_lens)
-        got = run_extend(b, BatchedDecodeAttnBackend).double()
+        got = run_extend(b, RkscCpuAttnBackend).double()
         torch.testing.assert_close(got, extend_float64_reference(b), atol=2e-6, rtol=1e-5)
 
     @pytest.mark.parametrize("prefix_lens,extend_lens", CASES)
     def test_matches_stock_extend_within_float_rounding(self, prefix_lens, extend_lens):
         b = make_extend_batch(prefix_lens, extend_lens)
         torch.testing.assert_close(
-            run_extend(b, BatchedDecodeAttnBackend), run_extend(b, TorchNativeAttnBackend), atol=1e-6, rtol=1e-5
+            run_extend(b, RkscCpuAttnBackend), run_extend(b, TorchNativeAttnBackend), atol=1e-6, rtol=1e-5
         )
 
     def test_fresh_prompt_is_bit_identical_to_stock(self):
         b = make_extend_batch([0], [300])
-        assert torch.equal(run_extend(b, BatchedDecodeAttnBackend), run_extend(b, TorchNativeAttnBackend))
+        assert torch.equal(run_extend(b, RkscCpuAttnBackend), run_extend(b, TorchNativeAttnBackend))
 
 
 class TestDecodeSlots:
@@ -175,29 +175,32 @@ class TestDecodeSlots:
 
 
 class TestThreadPolicy:
-    def test_small_forwards_use_the_small_thread_count(self):
-        policy = ThreadPolicy(small_forward_tokens=64, small_forward_threads=1, default_threads=2)
-        assert [policy.threads_for(n) for n in (1, 64, 65, 2000)] == [1, 1, 2, 2]
+    def test_every_forward_uses_one_thread_by_default(self):
+        policy = ThreadPolicy(default_threads=2)
+        assert [policy.threads_for(n) for n in (1, 8, 2000)] == [1, 1, 1]
 
-    def test_zero_tokens_turns_the_policy_off(self):
-        policy = ThreadPolicy(small_forward_tokens=0, small_forward_threads=1, default_threads=2)
-        assert policy.threads_for(1) == 2
+    def test_large_forwards_can_get_the_default_count(self):
+        policy = ThreadPolicy(threads=1, large_forward_tokens=256, default_threads=2)
+        assert [policy.threads_for(n) for n in (1, 256, 257, 2000)] == [1, 1, 2, 2]
+
+    def test_zero_threads_means_torch_default(self):
+        assert ThreadPolicy(threads=0, default_threads=2).threads_for(1) == 2
 
     def test_apply_sets_torch_threads(self):
         before = torch.get_num_threads()
         try:
-            ThreadPolicy(small_forward_tokens=8, small_forward_threads=1).apply(4)
+            ThreadPolicy(threads=1).apply(4)
             assert torch.get_num_threads() == 1
         finally:
             torch.set_num_threads(before)
 
     def test_environment_overrides_defaults(self, monkeypatch):
-        monkeypatch.setenv(TOKENS_ENV, "16")
         monkeypatch.setenv(THREADS_ENV, "2")
+        monkeypatch.setenv(LARGE_TOKENS_ENV, "512")
         policy = ThreadPolicy.from_env()
-        assert (policy.small_forward_tokens, policy.small_forward_threads) == (16, 2)
+        assert (policy.threads, policy.large_forward_tokens) == (2, 512)
 
-    @pytest.mark.parametrize("env,value", [(TOKENS_ENV, "many"), (TOKENS_ENV, "-1"), (THREADS_ENV, "0")])
+    @pytest.mark.parametrize("env,value", [(THREADS_ENV, "many"), (THREADS_ENV, "-1"), (LARGE_TOKENS_ENV, "-5")])
     def test_bad_environment_value_names_the_variable(self, monkeypatch, env, value):
         monkeypatch.setenv(env, value)
         with pytest.raises(ValueError, match=env):
@@ -217,7 +220,7 @@ class TestRegistration:
 
 
 class TestSGLangContract:
-    """What ``BatchedDecodeAttnBackend`` assumes of SGLang 0.5.23's ``TorchNativeAttnBackend``."""
+    """What ``RkscCpuAttnBackend`` assumes of SGLang 0.5.23's ``TorchNativeAttnBackend``."""
 
     def test_stock_decode_loop_still_has_the_signature_we_compare_against(self):
         b = make_batch([3, 9])

@@ -1,19 +1,20 @@
 """CPU-path speed settings applied with the ``rksc_cpu`` attention backend: thread count per
 forward, and float32 linears through oneDNN with pre-packed weights.
 
-**Threads.** How many OpenMP threads a forward of the scheduler uses. Default: 1, for every
-forward. Measured on the 2-core machine while other engines ran (load average 5-15, all day): with
-torch's default of 2 threads an 8- or 32-row matmul of decode took 16-48 ms instead of 0.2-2 ms,
-because each of the ~400 parallel regions of a decode step waits at its barrier for the second
-thread, which the OS has lent to another process (libgomp's workers spin, which makes it worse).
-Stock ``torch_native`` decode ran at 2-5 tok/s for 1 and 8 streams there. With 1 thread nothing
-waits: 2,000-token prefill ran at 334 tok/s against 169 with 2 threads (both on oneDNN, same run,
-median of 5). On a quieter machine (load ~3) 2 threads were 11-26% faster (1 stream 37 vs 33
-tok/s, 8 streams 259 vs 205), and collapsed to 54-78 tok/s against 407 for 32 streams as soon as
-other engines ran. On an idle, dedicated machine set ``RKSC_CPU_THREADS=0`` (torch's default),
-or ``RKSC_CPU_LARGE_FORWARD_TOKENS=256`` to give only forwards of more tokens both cores.
-``RKSC_CPU_THREADS`` sets the count of the others (0 = torch's default). Set them in the
-environment of the process that starts SGLang; spawned schedulers inherit it.
+**Threads.** How many OpenMP threads a forward of the scheduler uses. Default: torch's own
+count (both cores here), for every forward. That is the fastest on a machine that runs one engine:
+``python -m programs.speed --repeats 3`` on the idle 2-core machine (load 1.0, medians of 3, same
+run as stock) gave 41.9 / 256 / 628 tok/s decode for 1 / 8 / 32 streams and 616 tok/s prefill with
+torch's count, against 32.9 / 204 / 437 and 375 with 1 thread.
+
+On a machine shared with other busy processes set ``RKSC_CPU_THREADS=1``: measured while other
+engines ran (load average 5-15), with 2 threads an 8- or 32-row matmul of decode took 16-48 ms
+instead of 0.2-2 ms, because each of the ~400 parallel regions of a decode step waits at its
+barrier for the second thread, which the OS has lent to another process (libgomp's workers spin,
+which makes it worse); 32-stream decode collapsed to 54-78 tok/s against 407 with 1 thread, and
+2,000-token prefill ran at 169 tok/s against 334. ``RKSC_CPU_LARGE_FORWARD_TOKENS=256`` then gives
+forwards of more tokens (prefill chunks) torch's count again. Set them in the environment of the
+process that starts SGLang; spawned schedulers inherit it.
 
 **Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU ran 2.3-4x slower than
 oneDNN with pre-packed weights at every size measured (1 thread: 8 rows 0.66 vs 0.24 ms for a
@@ -43,7 +44,7 @@ class ThreadPolicy:
     was built), except forwards of more than ``large_forward_tokens`` tokens (if > 0), which run
     on ``default_threads``."""
 
-    threads: int = 1
+    threads: int = 0
     large_forward_tokens: int = 0
     default_threads: int = dataclasses.field(default_factory=torch.get_num_threads)
 

@@ -23,7 +23,7 @@ from rksc_sgl.model_cache import resolve_model_path
 # (README "Speed"): prefill ran ~3.5x faster than float16 (no native half-precision matmul here)
 # and 8-way decode was on par. The KV pool is capped: SGLang's default sizing took ~15 GB.
 # "rksc_cpu" is torch_native with batched decode attention, prefix-aware extend, oneDNN linears
-# and 1-thread forwards (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle
+# and a thread policy (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle
 # scheduler otherwise busy-polls and burns a whole core (measured 93%), slowing every engine here.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu",

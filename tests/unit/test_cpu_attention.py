@@ -175,8 +175,12 @@ class TestDecodeSlots:
 
 
 class TestThreadPolicy:
-    def test_every_forward_uses_one_thread_by_default(self):
+    def test_every_forward_uses_torchs_count_by_default(self):
         policy = ThreadPolicy(default_threads=2)
+        assert [policy.threads_for(n) for n in (1, 8, 2000)] == [2, 2, 2]
+
+    def test_a_fixed_count_applies_to_every_forward(self):
+        policy = ThreadPolicy(threads=1, default_threads=2)
         assert [policy.threads_for(n) for n in (1, 8, 2000)] == [1, 1, 1]
 
     def test_large_forwards_can_get_the_default_count(self):

@@ -8,22 +8,26 @@ For each mode it starts one engine, warms it up, and runs the workload on every 
 Every mode sees the same problems, exemplars, seeds and model. After all modes ran, speed-ups
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
-summary table is printed last. ``python -m programs.plot`` draws the figures.
+summary table is printed last. ``python -m programs.plot`` draws the figures and
+``python -m programs.report`` writes the README's results section.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
 from programs import bench_stats as st
-from programs.bench_modes import resolve_modes
+from programs.bench_modes import MODES, resolve_modes
 from programs.datasets import DATASETS, load
 from programs.workloads import BenchSettings, resolve_workload
 
@@ -34,16 +38,19 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = BenchSettings()
     p = argparse.ArgumentParser(prog="python -m programs.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot or bon-verify")
-    p.add_argument("--datasets", default=",".join(DATASETS))
-    p.add_argument("--modes", default="no-cache,exact,rksc")
-    p.add_argument("--limit", type=int, default=20, help="problems per dataset")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--num-branches", type=int, default=d.num_branches)
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--shots", type=int, default=d.shots)
+    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot or bon-verify (default: %(default)s)")
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--modes", default="no-cache,exact,rksc",
+                   help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=20, help="problems per dataset (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per (dataset, mode); wall time is their median")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed of the run (default: %(default)s)")
+    p.add_argument("--num-branches", type=int, default=d.num_branches, help="forks per problem (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                   help="per branch (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
+    p.add_argument("--shots", type=int, default=d.shots,
+                   help="held-out solved exemplars in front of every question (default: %(default)s)")
     p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
@@ -139,6 +146,7 @@ def build_rows(args, results, meta) -> list[dict]:
                 "cgee_skip_rate": run.stats.get("cgee_skip_rate"),
                 "cgee_mean_exit_layer": run.stats.get("cgee_mean_exit_layer"),
                 "cgee_error": run.stats.get("cgee_error"), "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
+                "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
                 "asks_substitutions": run.stats.get("asks_substitutions"),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
                 "answers": run.answers,
@@ -161,10 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data = {name: split_problems(name, args.shots, args.limit) for name in args.dataset_names}
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU",
-            "repeats": args.repeats, "seed": args.seed, "settings": dict(args.settings.__dict__)}
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU",
+            "repeats": args.repeats, "seed": args.seed, "settings": dict(args.settings.__dict__),
+            "max_total_tokens": args.max_total_tokens,
+            "command": "python -m programs.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}
+    meta["run_total_s"] = round(time.perf_counter() - started, 1)
     rows = build_rows(args, results, meta)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     out = args.output_dir / f"{args.workload}.jsonl"

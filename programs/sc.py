@@ -4,6 +4,10 @@ The program is ordinary SGLang frontend code: ``s.fork(n)`` shares the prompt's 
 radix cache, every branch samples with ``return_logprob`` so its token log-probabilities are kept
 (CGEE's confidence measure reads them), and the vote runs on the answers each dataset's extractor
 finds in the branch texts.
+
+Diverse-prompt self-consistency (``diverse=True``) starts each branch's answer with a different
+opener (``OPENERS``, branch ``b`` takes ``OPENERS[b % len(OPENERS)]``): the branches share the
+prompt and part ways at the opener, so exact prefix caching serves only the shared part.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from programs.datasets import Problem, extract_answer, format_question
 from rksc_sgl.frontend import branch_options
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
+# Openers of diverse-prompt self-consistency: the first words of each branch's answer.
+OPENERS = (
+    "Let me work through this step by step.",
+    "First, I will write down what is given and what is asked.",
+    "Let me think about which approach fits this problem, then apply it.",
+    "I will solve this carefully and check the result at the end.",
+)
 INSTRUCTION = {
     "number": "Think step by step, then finish with 'The answer is N.' where N is a number.",
     "letter": "Think briefly, then finish with 'The answer is X.' where X is the letter of your choice.",
@@ -75,15 +86,21 @@ def branch_seed(seed: int, problem_index: int, branch: int) -> int:
 
 
 @sgl.function
-def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int]):
+def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int],
+               openers: list[str] | None = None):
     s += sgl.system(SYSTEM_PROMPT)
     s += sgl.user(prompt)
     forks = s.fork(num_branches)
-    for f, seed in zip(forks, seeds):
+    for f, seed, opener in zip(forks, seeds, openers or [""] * num_branches):
         branch_options(f, sampling_seed=seed)
-        f += sgl.assistant(
-            sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
-        )
+        gen = sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
+        if opener:
+            f += sgl.assistant_begin()
+            f += opener + "\n"
+            f += gen
+            f += sgl.assistant_end()
+        else:
+            f += sgl.assistant(gen)
     texts = [f["solution"] for f in forks]
     logprobs = [
         tuple(entry[0] for entry in f.get_meta_info("solution")["output_token_logprobs"]) for f in forks
@@ -102,13 +119,20 @@ def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]
     return winner, dict(votes)
 
 
+def branch_openers(num_branches: int) -> list[str]:
+    """Diverse-prompt self-consistency's opener of each branch, cycling through ``OPENERS``."""
+    return [OPENERS[b % len(OPENERS)] for b in range(num_branches)]
+
+
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
-                exemplars: tuple[Problem, ...] = ()) -> list[VoteResult]:
-    """Run self-consistency on every problem (concurrently, through the given frontend backend)."""
+                exemplars: tuple[Problem, ...] = (), diverse: bool = False) -> list[VoteResult]:
+    """Run self-consistency on every problem (concurrently, through the given frontend backend);
+    ``diverse``: each branch starts its answer with its own opener (diverse-prompt SC)."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
-             seeds=[branch_seed(config.seed, i, b) for b in range(config.num_branches)])
+             seeds=[branch_seed(config.seed, i, b) for b in range(config.num_branches)],
+             openers=branch_openers(config.num_branches) if diverse else None)
         for i, p in enumerate(problems)
     ]
     states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=len(problems) or 1)

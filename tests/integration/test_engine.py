@@ -6,7 +6,7 @@ import pytest
 import sglang as sgl
 
 from programs.datasets import load
-from programs.sc import SamplingConfig, majority_vote, solve_batch
+from programs.sc import SamplingConfig, branch_openers, majority_vote, solve_batch
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +72,22 @@ class TestSelfConsistency:
         second = engine_backend.run(engine_backend.engine.async_generate(prompt=prompt, sampling_params=params))
         assert second["meta_info"]["cached_tokens"] > 0  # the second one is served from the cache
         assert first["text"] == second["text"]
+
+    def test_diverse_branches_share_the_prompt_and_start_with_their_openers(self, engine_backend):
+        problems = load("gsm8k", limit=1)
+        config = SamplingConfig(num_branches=4, max_new_tokens=4, temperature=0.0)
+        counted = {}
+        for diverse in (False, True):
+            engine_backend.reset_counters()
+            results = solve_batch(problems, config, engine_backend, progress_bar=False, diverse=diverse)
+            counted[diverse] = engine_backend.reset_counters()
+            assert len(results[0].branches) == 4
+        opener_tokens = sum(len(engine_backend.token_ids(o + "\n")) for o in branch_openers(4))
+        # Same requests but for the openers in front of each branch's answer ...
+        assert counted[True].prompt_tokens - counted[False].prompt_tokens == pytest.approx(opener_tokens, abs=4)
+        # ... and the branches still share the prompt's KV.
+        assert counted[True].cached_tokens > 0
+        assert_no_kv_leak(engine_backend)
 
 
 class TestTwoEngines:

@@ -30,3 +30,15 @@ def test_baselines_are_stock_and_rksc_holds_only_landed_mechanisms():
     assert exact.engine_overrides() == {} and not exact.rksc_config().uses_backend
     assert rksc.mechanisms == LANDED & set(MODES["rksc"].mechanisms)
     assert rksc.rksc_config().rsbcm == ("rsbcm" in LANDED)
+
+
+def test_every_workload_of_the_issue_is_accepted():
+    for name in ("sc", "diverse-sc", "tot", "bon-verify"):
+        assert parse_args(["--workload", name]).workload_obj.name == name
+
+
+def test_diverse_branches_get_distinct_openers_cycling_when_there_are_more_branches():
+    from programs.sc import OPENERS, branch_openers
+
+    assert branch_openers(len(OPENERS)) == list(OPENERS) and len(set(OPENERS)) == len(OPENERS)
+    assert branch_openers(len(OPENERS) + 1)[-1] == OPENERS[0]

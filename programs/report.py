@@ -1,0 +1,137 @@
+"""``python -m programs.report``: the README's results section, generated from a results file.
+
+    python -m programs.report benchmarks/results/bon-verify.jsonl [--readme README.md]
+
+Takes the latest run (``run_id``) of the file and prints a Markdown section: the command that
+produced it, commit, date and machine, one table row per (dataset, mode) with every speed-up next
+to its accuracy delta against ``exact``, and a headline per mode (mean speed-ups over the datasets,
+mean accuracy delta, CGEE error pooled over the datasets with its 95% upper bound) beside the
+paper's figures. With ``--readme`` the section replaces the text between
+``<!-- results:<workload>:start -->`` and ``<!-- results:<workload>:end -->`` in that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from programs.bench_stats import clopper_pearson_upper95
+from programs.plot import latest_run
+
+PAPER = "3.0x mean speed-up over no-cache, 1.66x over exact prefix caching, CGEE error 0.37% (6/1,616)"
+
+
+def _fmt(value, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def command_of(rows: list[dict]) -> str:
+    """The command of the run: recorded by ``programs.bench``, else rebuilt from the rows' fields."""
+    if rows[0].get("command"):
+        return rows[0]["command"]
+    first, settings = rows[0], rows[0].get("settings", {})
+    datasets = ",".join(dict.fromkeys(r["dataset"] for r in rows))
+    modes = ",".join(dict.fromkeys(r["mode"] for r in rows))
+    parts = [f"python -m programs.bench --workload {first['workload']} --datasets {datasets}",
+             f"--limit {first['n_problems']} --modes {modes}"]
+    if first.get("repeats", 1) != 1:
+        parts.append(f"--repeats {first['repeats']}")
+    return " ".join(parts) + ("" if not settings else "  # settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+
+
+def pooled_cgee_error(rows: list[dict]) -> tuple[int, int, float | None] | None:
+    """(decisions that differ from full depth, decisions, 95% upper bound) over the rows."""
+    scored = [r for r in rows if r.get("cgee_error") is not None]
+    if not scored:
+        return None
+    errors = sum(round(r["cgee_error"] * r["n_problems"]) for r in scored)
+    n = sum(r["n_problems"] for r in scored)
+    return errors, n, clopper_pearson_upper95(errors, n)
+
+
+def headline(rows: list[dict]) -> list[str]:
+    exact = {r["dataset"]: r["accuracy"] for r in rows if r["mode"] == "exact"}
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        parts = []
+        for key, label in (("speedup_vs_no_cache", "over no-cache"), ("speedup_vs_exact", "over exact")):
+            values = [r[key] for r in mine if r.get(key) is not None]
+            if values and mode not in ("no-cache",) and not (key == "speedup_vs_exact" and mode == "exact"):
+                parts.append(f"{statistics.mean(values):.2f}x {label} (range {min(values):.2f}-{max(values):.2f})")
+        deltas = [r["accuracy"] - exact[r["dataset"]] for r in mine if r["dataset"] in exact and r["accuracy"] is not None]
+        if deltas and mode != "exact":
+            parts.append(f"accuracy {statistics.mean(deltas) * 100:+.1f} points vs exact")
+        pooled = pooled_cgee_error(mine)
+        if pooled:
+            errors, n, ub = pooled
+            parts.append(f"CGEE error {errors}/{n} = {errors / n:.1%} (95% upper bound {ub:.1%})")
+        if parts:
+            lines.append(f"- `{mode}`: " + "; ".join(parts))
+    return lines
+
+
+def section(rows: list[dict]) -> str:
+    first = rows[0]
+    exact = {r["dataset"]: r["accuracy"] for r in rows if r["mode"] == "exact"}
+    total = f", whole run {first['run_total_s'] / 60:.0f} min" if first.get("run_total_s") else ""
+    out = [
+        f"Workload `{first['workload']}`, {first['n_problems']} problems per dataset, model {first['model']}, "
+        f"commit {first['commit']}, {first['date']}, {first['machine']}{total}. Produced by:",
+        "",
+        "```bash",
+        command_of(rows),
+        "```",
+        "",
+        "| dataset | mode | wall s | x no-cache | x exact | accuracy [95% CI] | acc. vs exact | agrees with exact "
+        "| prompt reuse | CGEE skip | CGEE exit layer | CGEE verify time x full | CGEE error [UB95] | evicted tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = r.get("accuracy_ci95")
+        acc = f"{r['accuracy']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else _fmt(r["accuracy"], ".2f")
+        delta = None if r["dataset"] not in exact or r["mode"] == "exact" else r["accuracy"] - exact[r["dataset"]]
+        err = "-" if r.get("cgee_error") is None else f"{r['cgee_error']:.2f} [{r['cgee_error_ub95']:.2f}]"
+        out.append(
+            f"| {r['dataset']} | {r['mode']} | {r['wall_s']:.1f} | {_fmt(r['speedup_vs_no_cache'], '.2f')} "
+            f"| {_fmt(r['speedup_vs_exact'], '.2f')} | {acc} | {_fmt(delta, '+.2f')} "
+            f"| {_fmt(r['answer_agreement_vs_exact'], '.2f')} | {_fmt(r['reuse_rate'], '.2f')} "
+            f"| {_fmt(r['cgee_skip_rate'], '.2f')} | {_fmt(r['cgee_mean_exit_layer'], '.1f')} "
+            f"| {_fmt(r.get('cgee_verify_time_ratio'), '.2f')} | {err} "
+            f"| {_fmt(r['evictions'], 'd')} |"
+        )
+    out += ["", "Per mode, over the datasets:", "", *headline(rows), "", f"The paper reports {PAPER}."]
+    return "\n".join(out) + "\n"
+
+
+def replace_between_markers(text: str, workload: str, body: str) -> str:
+    start, end = f"<!-- results:{workload}:start -->", f"<!-- results:{workload}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"markers {start} ... {end} not found")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}{end}{tail}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m programs.report", description=__doc__.splitlines()[0])
+    p.add_argument("results", type=Path, help="a results file of programs.bench (JSON lines)")
+    p.add_argument("--readme", type=Path, default=None, help="write the section into this file between its markers")
+    args = p.parse_args(argv)
+    if not args.results.is_file():
+        p.error(f"results file not found: {args.results}")
+    rows = latest_run(args.results)
+    body = section(rows)
+    if args.readme is None:
+        print(body, end="")
+        return
+    try:
+        args.readme.write_text(replace_between_markers(args.readme.read_text(), rows[0]["workload"], body))
+    except ValueError as e:
+        p.error(f"--readme {args.readme}: {e}")
+    print(f"wrote the {rows[0]['workload']} section of {args.readme}")
+
+
+if __name__ == "__main__":
+    main()

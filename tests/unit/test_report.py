@@ -1,0 +1,66 @@
+"""The README's results section is generated from a results file (``programs.report``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from programs.report import main, pooled_cgee_error, replace_between_markers, section
+
+WALL = {"no-cache": 300.0, "exact": 200.0, "cgee-only": 160.0}
+ACCURACY = {"no-cache": 0.20, "exact": 0.20, "cgee-only": 0.18}
+
+
+def row(dataset: str, mode: str, run_id: str = "2", cgee_error: float | None = None) -> dict:
+    return {
+        "run_id": run_id, "workload": "bon-verify", "dataset": dataset, "mode": mode, "model": "m", "n_problems": 50,
+        "commit": "abc1234", "date": "2026-11-29", "machine": "x86_64, 2 cores, CPU", "repeats": 1, "seed": 0,
+        "settings": {"num_branches": 4}, "wall_s": WALL[mode],
+        "speedup_vs_no_cache": round(WALL["no-cache"] / WALL[mode], 3),
+        "speedup_vs_exact": round(WALL["exact"] / WALL[mode], 3),
+        "accuracy": ACCURACY[mode], "accuracy_ci95": [0.1, 0.3], "answer_agreement_vs_exact": 0.9,
+        "reuse_rate": 0.5, "cgee_skip_rate": 0.1 if cgee_error is not None else None,
+        "cgee_mean_exit_layer": 30 if cgee_error is not None else None, "cgee_error": cgee_error,
+        "cgee_error_ub95": 0.09 if cgee_error is not None else None, "evictions": 0,
+    }
+
+
+def rows(run_id: str = "2") -> list[dict]:
+    return [row(d, m, run_id, 0.02 if m == "cgee-only" else None)
+            for d in ("gsm8k", "gpqa") for m in ("no-cache", "exact", "cgee-only")]
+
+
+def test_section_has_the_command_a_row_per_dataset_and_mode_and_the_headline():
+    text = section(rows())
+    assert "python -m programs.bench --workload bon-verify --datasets gsm8k,gpqa --limit 50 " \
+           "--modes no-cache,exact,cgee-only" in text
+    assert text.count("| gsm8k |") == 3 and text.count("| gpqa |") == 3
+    assert "| gsm8k | cgee-only | 160.0 | 1.88 | 1.25 |" in text
+    assert "-0.02" in text  # accuracy delta beside the speed-up
+    assert "- `cgee-only`: 1.88x over no-cache (range 1.88-1.88); 1.25x over exact" in text
+    assert "accuracy -2.0 points vs exact" in text
+    assert "CGEE error 2/100 = 2.0%" in text
+    assert "commit abc1234" in text and "3.0x" in text  # the paper's figures, for comparison
+
+
+def test_pooled_error_sums_decisions_over_datasets():
+    errors, n, ub = pooled_cgee_error([row("gsm8k", "cgee-only", cgee_error=0.02), row("gpqa", "cgee-only", cgee_error=0.0)])
+    assert (errors, n) == (1, 100) and 0.01 < ub < 0.06
+    assert pooled_cgee_error([row("gsm8k", "exact")]) is None
+
+
+def test_readme_section_is_replaced_between_markers_only(tmp_path):
+    results = tmp_path / "bon-verify.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows("1") + rows("2")) + "\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:bon-verify:start -->\nold\n<!-- results:bon-verify:end -->\noutro\n")
+    main([str(results), "--readme", str(readme)])
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("<!-- results:bon-verify:end -->\noutro\n")
+    assert "old" not in text and "| gpqa | exact |" in text
+
+
+def test_missing_markers_are_named():
+    with pytest.raises(ValueError, match="results:sc:start"):
+        replace_between_markers("no markers here", "sc", "body")

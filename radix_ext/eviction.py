@@ -25,7 +25,9 @@ see ``branch_options``). Measured on the tree-of-thoughts trace (``programs/tot.
 problems, pool at 30% of the working set, replayed through this cache): ranking unscored nodes
 first recomputed 10% more prefill than LRU, ranking them at 0.5 with the verifier forks scored 0
 recomputed 5% less. ``--radix-eviction-policy-config '{"unscored_importance": 0}'`` restores
-"unscored first".
+"unscored first". End to end (``python -m programs.rsbcm_compare --limit 20``, pool at 25% of the
+working set, README "Benchmark"): the default computed 13-39% fewer prefill tokens than stock LRU
+over runs.
 """
 
 from __future__ import annotations

@@ -18,11 +18,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from radix_ext.introspection import TARGET as STATE_TARGET  # the same readback hook point
+
 KEY = "rksc_cache"
-STATE_TARGET = (
-    "sglang.srt.managers.scheduler_components.internal_state."
-    "SchedulerInternalStateController.get_internal_state"
-)
 
 
 def node_metadata(cache) -> list[list[Any]]:

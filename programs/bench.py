@@ -15,11 +15,9 @@ summary table is printed last. ``python -m programs.plot`` draws the figures and
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
+import dataclasses
 import shlex
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,10 +27,10 @@ from tqdm import tqdm
 from programs import bench_stats as st
 from programs.bench_modes import MODES, resolve_modes
 from programs.datasets import DATASETS, load
+from programs.records import MODEL_NAME, append_jsonl, git_commit, machine
 from programs.workloads import BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
-MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,24 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for name in args.dataset_names:
             if name not in DATASETS:
                 raise ValueError(f"--datasets: unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
-        for flag in ("limit", "repeats", "num_branches", "max_new_tokens"):
+        for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-        if args.shots < 0:
-            raise ValueError(f"--shots must be >= 0, got {args.shots}")
+                raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
         args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots)
     except ValueError as e:
         p.error(str(e))
     return args
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def split_problems(name: str, shots: int, limit: int):
@@ -94,8 +81,7 @@ def run_mode(mode, args, data) -> dict[str, dict]:
     from rksc_sgl.frontend import EngineBackend
 
     workload, settings = args.workload_obj, args.settings
-    all_problems = [p for _, problems in data.values() for p in problems]
-    overrides = {**workload.engine_overrides(all_problems, settings), **mode.engine_overrides()}
+    overrides = mode.engine_overrides()
     if args.max_total_tokens:
         overrides["max_total_tokens"] = args.max_total_tokens
     backend = EngineBackend(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error", **overrides))
@@ -125,7 +111,7 @@ def build_rows(args, results, meta) -> list[dict]:
     rows = []
     for name in args.dataset_names:
         by_mode = {m: results[m][name] for m in results}
-        wall = {m: st.median(r["walls"]) for m, r in by_mode.items()}
+        wall = {m: statistics.median(r["walls"]) for m, r in by_mode.items()}
         exact_answers = by_mode["exact"]["run"].answers if "exact" in by_mode else None
         for mode in args.mode_objs:
             r = by_mode[mode.name]
@@ -145,7 +131,8 @@ def build_rows(args, results, meta) -> list[dict]:
                 "answer_agreement_vs_exact": st.agreement(run.answers, exact_answers) if exact_answers else None,
                 "cgee_skip_rate": run.stats.get("cgee_skip_rate"),
                 "cgee_mean_exit_layer": run.stats.get("cgee_mean_exit_layer"),
-                "cgee_error": run.stats.get("cgee_error"), "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
+                "cgee_error": run.stats.get("cgee_error"), "cgee_errors": run.stats.get("cgee_errors"),
+                "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
                 "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
                 "asks_substitutions": run.stats.get("asks_substitutions"),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
@@ -169,19 +156,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data = {name: split_problems(name, args.shots, args.limit) for name in args.dataset_names}
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU",
-            "repeats": args.repeats, "seed": args.seed, "settings": dict(args.settings.__dict__),
+            "machine": machine(),
+            "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
             "max_total_tokens": args.max_total_tokens,
             "command": "python -m programs.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}
     meta["run_total_s"] = round(time.perf_counter() - started, 1)
     rows = build_rows(args, results, meta)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
     out = args.output_dir / f"{args.workload}.jsonl"
-    with open(out, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    append_jsonl(out, rows)
     print_table(rows)
     print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
 

@@ -1,9 +1,8 @@
-"""Statistics for benchmark rows: binomial intervals, medians, ratios. Pure functions, no I/O."""
+"""Statistics for benchmark rows: binomial intervals, ratios, agreement. Pure functions, no I/O."""
 
 from __future__ import annotations
 
 import math
-import statistics
 
 
 def wilson_ci95(successes: int, n: int) -> list[float] | None:
@@ -43,10 +42,6 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     log_p, log_q = math.log(p), math.log1p(-p)
     return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
                for i in range(k + 1))
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

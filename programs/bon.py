@@ -20,35 +20,16 @@ import statistics
 import time
 from typing import Any
 
-import sglang as sgl
-
 from programs.bench_stats import clopper_pearson_upper95, wilson_ci95
 from programs.datasets import Problem, extract_answer, load
-from programs.sc import SYSTEM_PROMPT, SamplingConfig, branch_seed, user_prompt
-from rksc_sgl.frontend import branch_options
+from programs.sampling import SamplingConfig
+from programs.sc import run_branches
 from rksc_sgl.verify import Candidate, CgeeThresholds, VerifyResult, verify
 
-# Tokens per candidate: multiple-choice needs a short rationale, GSM8K a worked solution.
-DEFAULT_MAX_NEW_TOKENS = {"gsm8k": 128}
-MC_MAX_NEW_TOKENS = 64
 
-
-@sgl.function
-def bon_program(s, prompt: str, num_candidates: int, max_new_tokens: int, temperature: float, seeds: list[int]):
-    s += sgl.system(SYSTEM_PROMPT)
-    s += sgl.user(prompt)
-    forks = s.fork(num_candidates)
-    for f, seed in zip(forks, seeds):
-        branch_options(f, sampling_seed=seed)
-        f += sgl.assistant(
-            sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
-        )
-    out = [
-        (f.text(), f["solution"], tuple(e[0] for e in f.get_meta_info("solution")["output_token_logprobs"]))
-        for f in forks
-    ]
-    forks.join()
-    return out
+def candidate_tokens(dataset: str) -> int:
+    """Tokens per candidate: multiple-choice needs a short rationale, GSM8K a worked solution."""
+    return 128 if dataset == "gsm8k" else 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,16 +48,11 @@ class BonResult:
 
 def sample_candidates(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                       exemplars: tuple[Problem, ...] = ()) -> list[tuple[Candidate, ...]]:
-    arguments = [
-        dict(prompt=user_prompt(p, exemplars), num_candidates=config.num_branches,
-             max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-             seeds=[branch_seed(config.seed, first_index + i, b) for b in range(config.num_branches)])
-        for i, p in enumerate(problems)
-    ]
-    states = bon_program.run_batch(arguments, backend=backend, progress_bar=False, num_threads=len(problems) or 1)
+    """Each problem's candidates: ``programs.sc``'s branches, with their contexts for the verifier."""
     return [
-        tuple(Candidate(context, extract_answer(p, text), lps) for context, text, lps in state.ret_value)
-        for p, state in zip(problems, states)
+        tuple(Candidate(context, extract_answer(p, text), lps) for context, text, lps in branches)
+        for p, branches in zip(problems, run_branches(problems, config, backend, first_index=first_index,
+                                                        exemplars=exemplars))
     ]
 
 
@@ -131,13 +107,13 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
 def summarize(results: list[BonResult], verify_s: dict[str, float], dataset: str) -> list[dict[str, Any]]:
     """One plain dict per mode (keys as ``programs.bench`` reads them: ``cgee_*``)."""
     n = len(results)
+    depth = max((e for r in results for e in (r.verdicts["full"].exit_layers or ()) if e), default=None)
     rows = []
     for mode, seconds in verify_s.items():
         verdicts = [r.verdicts[mode] for r in results]
         verified = [v for v in verdicts if not v.skipped]
         exits = [e for v in verified for e in (v.exit_layers or ()) if e is not None]
         runs = [e for v in verified for e in (v.layers_run or ()) if e is not None]
-        depth = max((e for r in results for e in (r.verdicts["full"].exit_layers or ()) if e), default=None)
         # Decoder-layer work per problem relative to full depth (0 when skipped): the wall-time
         # ratio's noise-free counterpart, ignoring what does not scale with layers.
         work = [0.0 if v.skipped else statistics.mean(v.layers_run) / depth for v in verdicts
@@ -170,7 +146,7 @@ def measure(backend, dataset: str, limit: int, *, num_candidates: int = 4, max_n
     """Best-of-N with verification on the first ``limit`` problems of ``dataset``: modes "full",
     "cgee" (``thresholds``, default RkscConfig's) and one CGEE mode per entry of ``variants``."""
     problems = load(dataset, limit)
-    tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(dataset, MC_MAX_NEW_TOKENS)
+    tokens = max_new_tokens or candidate_tokens(dataset)
     config = SamplingConfig(num_candidates, tokens, temperature, seed)
     modes = {"full": None, "cgee": thresholds or CgeeThresholds.from_config(), **(variants or {})}
     results, verify_s = solve_batch(problems, config, backend, modes=modes, chunk=chunk, repeats=repeats)

@@ -146,17 +146,17 @@ def search(data: CalibrationSet, target_error: float) -> dict:
 
 
 def collect(backend, datasets: list[str], size: int, reserve: int, num_candidates: int, seed: int) -> list[dict]:
-    from programs.bon import DEFAULT_MAX_NEW_TOKENS, MC_MAX_NEW_TOKENS, solve_batch
+    from programs.bon import candidate_tokens, solve_batch
     from programs.datasets import load
-    from programs.sc import SamplingConfig
+    from programs.sampling import SamplingConfig
 
     records = []
     for name in datasets:
         problems = load(name)
         if reserve + size > len(problems):
             raise ValueError(f"--calibration-size {size} + --reserve {reserve} exceed {name}'s {len(problems)} problems")
-        tokens = DEFAULT_MAX_NEW_TOKENS.get(name, MC_MAX_NEW_TOKENS)
-        config = SamplingConfig(num_candidates, tokens, 0.7, seed)
+        tokens = candidate_tokens(name)
+        config = SamplingConfig(num_candidates, tokens, seed=seed)
         results, _ = solve_batch(problems[-size:], config, backend, modes={"full": None}, lens=True)
         for r in results:
             v = r.verdicts["full"]

@@ -11,7 +11,6 @@ to exact).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -19,13 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def latest_run(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"{path} holds no results")
-    last = max(r.get("run_id", "") for r in rows)
-    return [r for r in rows if r.get("run_id", "") == last]
+from programs.records import latest_run  # noqa: E402
 
 
 def _grouped_bars(ax, rows, datasets, modes, value, title, baseline_line=None, errors=None):

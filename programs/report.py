@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from programs.bench_stats import clopper_pearson_upper95
-from programs.plot import latest_run
+from programs.records import latest_run
 
 PAPER = "3.0x mean speed-up over no-cache, 1.66x over exact prefix caching, CGEE error 0.37% (6/1,616)"
 
@@ -45,7 +45,8 @@ def pooled_cgee_error(rows: list[dict]) -> tuple[int, int, float | None] | None:
     scored = [r for r in rows if r.get("cgee_error") is not None]
     if not scored:
         return None
-    errors = sum(round(r["cgee_error"] * r["n_problems"]) for r in scored)
+    # Exact counts; rows written before bench recorded ``cgee_errors`` give a rate only.
+    errors = sum(r.get("cgee_errors", round(r["cgee_error"] * r["n_problems"])) for r in scored)
     n = sum(r["n_problems"] for r in scored)
     return errors, n, clopper_pearson_upper95(errors, n)
 

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from programs.datasets import load
+from programs.records import append_jsonl
 from programs.tot import TotConfig, solve_batch
 from rksc_sgl.config import RkscConfig
 
@@ -159,9 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                      working_set_tokens=args.working_set_tokens, offset=args.offset, rsbcm_config=rsbcm_config,
                      verbose=True)
     if args.output:
-        with open(args.output, "a") as f:
-            for metrics in report.values():
-                f.write(json.dumps({"offset": args.offset, "limit": args.limit, **metrics}) + "\n")
+        append_jsonl(args.output, ({"offset": args.offset, "limit": args.limit, **m} for m in report.values()))
     print(summary_table(report))
     base = report.get("exact")
     if base:

@@ -18,7 +18,9 @@ import dataclasses
 import sglang as sgl
 
 from programs.datasets import Problem, extract_answer, format_question
+from programs.sampling import SamplingConfig
 from rksc_sgl.frontend import branch_options
+from rksc_sgl.verify import token_logprobs
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
 # Openers of diverse-prompt self-consistency: the first words of each branch's answer.
@@ -32,22 +34,6 @@ INSTRUCTION = {
     "number": "Think step by step, then finish with 'The answer is N.' where N is a number.",
     "letter": "Think briefly, then finish with 'The answer is X.' where X is the letter of your choice.",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-    num_branches: int = 4
-    max_new_tokens: int = 128
-    temperature: float = 0.7
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_branches < 1:
-            raise ValueError(f"--num-branches must be >= 1, got {self.num_branches}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,12 +87,10 @@ def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperatu
             f += sgl.assistant_end()
         else:
             f += sgl.assistant(gen)
-    texts = [f["solution"] for f in forks]
-    logprobs = [
-        tuple(entry[0] for entry in f.get_meta_info("solution")["output_token_logprobs"]) for f in forks
-    ]
+    # Per branch: its whole text (the verifier's context), the solution, its token log-probabilities.
+    out = [(f.text(), f["solution"], token_logprobs(f, "solution")) for f in forks]
     forks.join()  # ends the forks' worker threads (returning fork states would leave them alive)
-    return list(zip(texts, logprobs))
+    return out
 
 
 def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]]:
@@ -124,21 +108,29 @@ def branch_openers(num_branches: int) -> list[str]:
     return [OPENERS[b % len(OPENERS)] for b in range(num_branches)]
 
 
-def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
-                exemplars: tuple[Problem, ...] = (), diverse: bool = False) -> list[VoteResult]:
-    """Run self-consistency on every problem (concurrently, through the given frontend backend);
-    ``diverse``: each branch starts its answer with its own opener (diverse-prompt SC)."""
+def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
+                 exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False):
+    """``sc_program`` on every problem, concurrently; per problem its branches' ``(context, solution,
+    token log-probabilities)``. Problem ``i`` samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
-             seeds=[branch_seed(config.seed, i, b) for b in range(config.num_branches)],
+             seeds=[branch_seed(config.seed, first_index + i, b) for b in range(config.num_branches)],
              openers=branch_openers(config.num_branches) if diverse else None)
         for i, p in enumerate(problems)
     ]
     states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=len(problems) or 1)
+    return [state.ret_value for state in states]
+
+
+def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
+                exemplars: tuple[Problem, ...] = (), diverse: bool = False) -> list[VoteResult]:
+    """Run self-consistency on every problem (concurrently, through the given frontend backend);
+    ``diverse``: each branch starts its answer with its own opener (diverse-prompt SC)."""
     results = []
-    for problem, state in zip(problems, states):
-        branches = tuple(Branch(text, extract_answer(problem, text), lps) for text, lps in state.ret_value)
+    for problem, branches_out in zip(problems, run_branches(problems, config, backend, exemplars=exemplars,
+                                                             diverse=diverse, progress_bar=progress_bar)):
+        branches = tuple(Branch(text, extract_answer(problem, text), lps) for _, text, lps in branches_out)
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))
     return results

@@ -13,25 +13,17 @@ prompt that shares nothing with the cache. One JSON line per measurement (``tok_
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from programs.records import MODEL_NAME, append_jsonl, git_commit, machine
+
 RESULTS = Path("benchmarks/results/speed.jsonl")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def prefill_prompt(tokenizer, n_tokens: int, salt: int) -> list[int]:
@@ -115,16 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1 or min(args.streams) < 1:
         p.error("--repeats and every --streams value must be >= 1")
 
-    meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "model": args.model_path or "SmolLM2-135M-Instruct", "repeats": args.repeats,
+    meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+            "model": args.model_path or MODEL_NAME, "repeats": args.repeats,
             "load_avg_1min": round(os.getloadavg()[0], 2)}  # other engines share these cores
     rows = []
     for dtype in args.dtypes.split(","):
         rows += [{**row, **meta} for row in run_dtype(dtype, args)]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.output, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    append_jsonl(args.output, rows)
     print(f"\n{'kind':8} {'streams':>7} {'dtype':9} {'tok/s':>8} {'stock':>8} {'x':>6}   samples (ours | stock)")
     for r in rows:
         print(f"{r['kind']:8} {r['streams']:>7} {r['dtype']:9} {r['tok_s']:>8.1f} {r['stock_tok_s']:>8.1f} "

@@ -11,17 +11,21 @@ from typing import Any, Callable
 
 from programs.bench_modes import Mode
 from programs.datasets import Problem
+from programs.sampling import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchSettings:
-    """What every workload of a run shares (from the command line)."""
+class BenchSettings(SamplingConfig):
+    """What every workload of a run shares (from the command line): every branch's sampling,
+    plus the held-out exemplars in front of every question (the shared prompt tail)."""
 
-    num_branches: int = 4
     max_new_tokens: int = 96
-    temperature: float = 0.7
-    seed: int = 0
-    shots: int = 3  # held-out exemplars in front of every question (the shared prompt tail)
+    shots: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shots < 0:
+            raise ValueError(f"--shots must be >= 0, got {self.shots}")
 
 
 @dataclasses.dataclass
@@ -38,16 +42,12 @@ class WorkloadRun:
 class Workload:
     name: str
     run: Callable[[list[Problem], Any, Mode, BenchSettings, tuple[Problem, ...]], WorkloadRun]
-    # Extra SGLang ServerArgs for this workload's engines (e.g. a capped KV pool).
-    engine_overrides: Callable[[list[Problem], BenchSettings], dict[str, Any]] = lambda problems, settings: {}
-    uses: frozenset[str] = frozenset()  # mechanisms the workload can exercise
 
 
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
-    from programs.sc import SamplingConfig, solve_batch
+    from programs.sc import solve_batch
 
-    config = SamplingConfig(settings.num_branches, settings.max_new_tokens, settings.temperature, settings.seed)
-    results = solve_batch(problems, config, backend, progress_bar=False, exemplars=exemplars, diverse=diverse)
+    results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse)
     return WorkloadRun([r.answer for r in results], [r.correct for r in results])
 
 
@@ -59,7 +59,7 @@ def _run_tot(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from programs.tot import TotConfig, solve_batch
 
     results = solve_batch(problems, TotConfig(seed=settings.seed), backend)
-    return WorkloadRun([r.answer for r in results], [r.answer == r.problem.answer for r in results])
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results])
 
 
 def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
@@ -69,17 +69,16 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     because CGEE error is defined against its decisions.
     """
     from programs.bon import solve_batch, summarize
-    from programs.sc import SamplingConfig
     from rksc_sgl.verify import CgeeThresholds
 
-    config = SamplingConfig(settings.num_branches, settings.max_new_tokens, settings.temperature, settings.seed)
     verify_modes = {"full": None, "cgee": CgeeThresholds.from_config()} if mode.cgee else {"full": None}
-    results, verify_s = solve_batch(problems, config, backend, modes=verify_modes, exemplars=exemplars)
+    results, verify_s = solve_batch(problems, settings, backend, modes=verify_modes, exemplars=exemplars)
     used = list(verify_modes)[-1]
     stats = {}
     if mode.cgee:
         row = next(r for r in summarize(results, verify_s, "") if r["mode"] == "cgee")
-        stats = {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_error_ub95")}
+        stats = {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_errors",
+                                     "cgee_error_ub95")}
         # Verification phase alone, CGEE against full depth on the same candidates, same engine.
         stats["cgee_verify_time_ratio"] = row["verify_time_ratio_vs_full"]
     return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results], stats,
@@ -87,10 +86,10 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "sc": Workload("sc", _run_sc, uses=frozenset({"rsbcm"})),
-    "diverse-sc": Workload("diverse-sc", _run_diverse_sc, uses=frozenset({"asks", "rsbcm"})),
-    "tot": Workload("tot", _run_tot, uses=frozenset({"rsbcm"})),
-    "bon-verify": Workload("bon-verify", _run_bon, uses=frozenset({"cgee", "rsbcm"})),
+    "sc": Workload("sc", _run_sc),
+    "diverse-sc": Workload("diverse-sc", _run_diverse_sc),
+    "tot": Workload("tot", _run_tot),
+    "bon-verify": Workload("bon-verify", _run_bon),
 }
 
 

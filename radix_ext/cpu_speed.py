@@ -3,9 +3,10 @@ forward, and float32 linears through oneDNN with pre-packed weights.
 
 **Threads.** How many OpenMP threads a forward of the scheduler uses. Default: torch's own
 count (both cores here), for every forward. That is the fastest on a machine that runs one engine:
-``python -m programs.speed --repeats 3`` on the idle 2-core machine (load 1.0, medians of 3, same
-run as stock) gave 41.9 / 256 / 628 tok/s decode for 1 / 8 / 32 streams and 616 tok/s prefill with
-torch's count, against 32.9 / 204 / 437 and 375 with 1 thread.
+``python -m programs.speed --repeats 3`` on the idle 2-core machine (medians of 3,
+``benchmarks/results/speed.jsonl``) gave 41.9 / 245 / 550 tok/s decode for 1 / 8 / 32 streams and
+709 tok/s prefill with torch's count (commit 98491ff), against 32.9 / 204 / 437 and 375 with 1
+thread (commit be69503).
 
 On a machine shared with other busy processes set ``RKSC_CPU_THREADS=1``: measured while other
 engines ran (load average 5-15), with 2 threads an 8- or 32-row matmul of decode took 16-48 ms

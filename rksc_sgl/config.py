@@ -26,7 +26,7 @@ class RkscConfig:
     # first layer >= min_layer with lens entropy < theta that moved < epsilon (nats). Values:
     # programs/cgee_thresholds.json, calibrated for SmolLM2-135M on 160 held-apart problems for a
     # 5% bound on CGEE error (`python -m programs.calibrate_cgee`, see its docstring). Its logit
-    # lens decides like the full depth on only ~50% of problems before layer 30, so the
+    # lens decides like the full depth on at most 55% of problems before layer 30, so the
     # calibration switches level 2 off (min_layer = L = 30): recalibrate for another model.
     cgee_tau_conf: float = 0.4
     cgee_margin: float = 0.8

@@ -70,12 +70,10 @@ class Candidate:
     token_logprobs: tuple[float, ...]  # one per generated token
 
 
-def candidates_from_forks(forks, var_name: str, answers: Sequence[Hashable | None]) -> list[Candidate]:
-    """Candidates from a program's fork states whose gen ``var_name`` had ``return_logprob=True``."""
-    return [
-        Candidate(f.text(), answer, tuple(e[0] for e in f.get_meta_info(var_name)["output_token_logprobs"]))
-        for f, answer in zip(forks, answers)
-    ]
+def token_logprobs(state, var_name: str) -> tuple[float, ...]:
+    """The token log-probabilities of a program state's gen ``var_name`` (``return_logprob=True``)."""
+    return tuple(entry[0] for entry in state.get_meta_info(var_name)["output_token_logprobs"])
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,7 +134,8 @@ class TestLayersAfterTheExitDoNotRun:
                         token_ids_logprob=[*yes, *no])
         assert info(lens, "rksc_layer_calls") == NUM_LAYERS == info(lens, "rksc_exit_layer")
         assert computation(lens) == computation(stock)  # our copy of the loop is SGLang's loop
-        assert all(e is not None and e >= 0 for e in info(lens, "rksc_entropies"))
+        entropies = info(lens, "rksc_entropies")
+        assert len(entropies) == NUM_LAYERS and all(e is not None and e >= 0 for e in entropies)
         # The lens at the last layer is the model's own output distribution (up to float32
         # summation order: the two passes see different batch shapes; 2e-5 was seen under load).
         final = [lp for lp, _, _ in stock["meta_info"]["output_token_ids_logprobs"][0]]

@@ -100,6 +100,7 @@ class TestTwoEngines:
         from rksc_sgl.engine import launch_engine
 
         first_children = {p.pid for p in engine_backend.engine._rksc_children}
+        assert first_children  # at least the scheduler
         second = launch_engine(max_total_tokens=2048, log_level="error")
         try:
             # Called from this thread while the backend's loop runs in its own: separate loops.

@@ -88,6 +88,8 @@ def greedy(engine, prompts: list[str], new_tokens: list[int]) -> list[Decoded]:
 
 
 def assert_top_logprobs_agree(stock: dict[int, float], fast: dict[int, float], where: str) -> None:
+    stock_top1 = max(stock, key=stock.get)
+    assert stock_top1 in fast, (where, stock, fast)  # both engines rank stock's best token in their top
     for token_id in stock.keys() & fast.keys():
         assert abs(stock[token_id] - fast[token_id]) <= LOGPROB_TOLERANCE, (where, token_id, stock, fast)
 
@@ -95,6 +97,7 @@ def assert_top_logprobs_agree(stock: dict[int, float], fast: dict[int, float], w
 def assert_same_decoding(stock: list[Decoded], fast: list[Decoded]) -> int:
     """Returns how many sequences parted ways at a near-tie (each such step checked as described)."""
     parted = 0
+    assert len(stock) == len(fast) > 0
     for i, (s, f) in enumerate(zip(stock, fast)):
         assert len(s.token_ids) == len(f.token_ids), i
         for step, (s_id, f_id) in enumerate(zip(s.token_ids, f.token_ids)):

@@ -28,7 +28,7 @@ def test_baselines_are_stock_and_rksc_holds_only_landed_mechanisms():
     no_cache, exact, rksc = resolve_modes("no-cache,exact,rksc")
     assert no_cache.engine_overrides() == {"disable_radix_cache": True}
     assert exact.engine_overrides() == {} and not exact.rksc_config().uses_backend
-    assert rksc.mechanisms == LANDED & set(MODES["rksc"].mechanisms)
+    assert rksc.mechanisms == {"cgee", "rsbcm"} == LANDED  # grows with LANDED; never ASKS until it lands
     assert rksc.rksc_config().rsbcm == ("rsbcm" in LANDED)
 
 
@@ -42,3 +42,15 @@ def test_diverse_branches_get_distinct_openers_cycling_when_there_are_more_branc
 
     assert branch_openers(len(OPENERS)) == list(OPENERS) and len(set(OPENERS)) == len(OPENERS)
     assert branch_openers(len(OPENERS) + 1)[-1] == OPENERS[0]
+
+
+def test_sampling_flags_are_checked_by_the_programs_own_config(capsys):
+    from programs.sampling import SamplingConfig
+
+    args = parse_args(["--num-branches", "3", "--max-new-tokens", "16", "--shots", "0"])
+    assert isinstance(args.settings, SamplingConfig)
+    assert (args.settings.num_branches, args.settings.max_new_tokens, args.settings.shots) == (3, 16, 0)
+    for flag, value in (("--num-branches", "0"), ("--max-new-tokens", "0"), ("--shots", "-1"), ("--temperature", "-1")):
+        with pytest.raises(SystemExit):
+            parse_args([flag, value])
+        assert flag in capsys.readouterr().err

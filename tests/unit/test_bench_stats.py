@@ -25,7 +25,7 @@ class TestClopperPearson:
 
     def test_paper_figure(self):  # 6 / 1,616 decisions differ: upper bound ~0.73%
         ub = clopper_pearson_upper95(6, 1616)
-        assert 6 / 1616 < ub < 0.008
+        assert ub == pytest.approx(0.00733, abs=5e-5)  # exact one-sided Clopper-Pearson
 
     def test_bound_grows_with_failures(self):
         assert clopper_pearson_upper95(1, 50) < clopper_pearson_upper95(5, 50) < 1.0

@@ -193,8 +193,11 @@ class TestThreadPolicy:
     def test_apply_sets_torch_threads(self):
         before = torch.get_num_threads()
         try:
+            torch.set_num_threads(2)
             ThreadPolicy(threads=1).apply(4)
             assert torch.get_num_threads() == 1
+            ThreadPolicy(threads=0, default_threads=2).apply(4)
+            assert torch.get_num_threads() == 2
         finally:
             torch.set_num_threads(before)
 
@@ -216,11 +219,18 @@ class TestRegistration:
         from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-        monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-        cpu_attention.install()
-        cpu_attention.install()
-        assert ATTENTION_BACKENDS[BACKEND_NAME] is cpu_attention.create_backend
-        assert ATTENTION_BACKEND_CHOICES.count(BACKEND_NAME) == 1
+        # Start unregistered: an engine started earlier in this process has registered it already.
+        monkeypatch.delitem(ATTENTION_BACKENDS, BACKEND_NAME, raising=False)
+        before = list(ATTENTION_BACKEND_CHOICES)
+        ATTENTION_BACKEND_CHOICES[:] = [c for c in before if c != BACKEND_NAME]
+        try:
+            monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+            cpu_attention.install()
+            cpu_attention.install()
+            assert ATTENTION_BACKENDS[BACKEND_NAME] is cpu_attention.create_backend
+            assert ATTENTION_BACKEND_CHOICES.count(BACKEND_NAME) == 1
+        finally:
+            ATTENTION_BACKEND_CHOICES[:] = before
 
 
 class TestSGLangContract:

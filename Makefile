@@ -42,7 +42,7 @@ test-integration: model
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: model
-	$(PY) -m programs.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
 # Re-pin requirements/cpu.lock from the current environment (run after changing what is installed).
 lock:

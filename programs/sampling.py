@@ -1,6 +1,6 @@
 """``SamplingConfig``: how every branch of a reasoning program samples.
 
-Its own module, free of SGLang imports, so the benchmark's command line (``programs.bench``)
+Its own module, free of SGLang imports, so the benchmark's command line (``benchmarks.bench``)
 can build and validate one without starting SGLang's frontend.
 """
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 
 import sglang as sgl
 
@@ -66,9 +67,14 @@ def user_prompt(problem: Problem, exemplars: tuple[Problem, ...] = ()) -> str:
     return f"{shots}Question: {format_question(problem)}\n\n{INSTRUCTION[kind]}"
 
 
-def branch_seed(seed: int, problem_index: int, branch: int) -> int:
-    """A distinct, reproducible sampling seed per (run seed, problem, branch)."""
-    return (seed * 1_000_003 + problem_index * 1_009 + branch) % (2**31)
+def branch_seed(seed: int, problem_index: int, branch: int, step: int = 0) -> int:
+    """A reproducible sampling seed per (run seed, problem, branch, program step), in [0, 2**63).
+
+    Every benchmark mode passes the same four numbers, so with the runtime's seeded sampler
+    (``radix_ext.sampler``) every mode draws the same candidates wherever its logits agree.
+    """
+    digest = hashlib.blake2b(f"{seed}/{problem_index}/{branch}/{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @sgl.function

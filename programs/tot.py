@@ -5,8 +5,8 @@ Per problem (defaults: 3 proposals per node, 2 levels, the 2 best children of a 
 
 * **propose**: a node forks ``branching`` thoughts (fork level = depth ``l``), one line each.
   Each sibling opens with a different phrase, so the branches differ even under greedy decoding
-  (the default: CPU SGLang has no batch-invariant seeded sampling, and the eviction comparison
-  needs the same workload under every policy);
+  (the default, so the eviction comparison runs the same tree under every policy; with a
+  temperature, every thought is seeded from (run seed, problem, thought, step));
 * **evaluate**: the model judges each thought itself: a fork of the thought asks "Is the
   reasoning so far correct? Answer Yes or No." and the thought's score is P(Yes), read from the
   log-probability of its one-token greedy reply (``yes_probability``). The scores are reported to
@@ -78,6 +78,7 @@ class TotResult:
     votes: dict[str, int]
     leaf_answers: tuple[str | None, ...]  # best leaf first
     level_scores: tuple[tuple[float, ...], ...]  # every evaluated thought's score, per level
+    leaf_texts: tuple[str, ...] = ()  # the leaves' whole texts, in the order of leaf_answers
 
     @property
     def correct(self) -> bool:
@@ -94,11 +95,14 @@ def yes_probability(verdict: str, meta_info: dict) -> float:
     return p_chosen if word == "yes" else 1.0 - p_chosen
 
 
-def propose(frontier: list, level: int, cfg: TotConfig, seed_base: int) -> list:
+def propose(frontier: list, level: int, cfg: TotConfig, problem_index: int, step: int) -> list:
+    """Fork ``cfg.branching`` thoughts from every frontier node; ``step`` (the program's count of
+    thoughts so far) keys their sampling seeds apart from earlier expansions."""
     children = []
     for parent in frontier:
         for i, child in enumerate(parent.fork(cfg.branching).states):
-            branch_options(child, depth=level, sampling_seed=branch_seed(cfg.seed, seed_base, len(children)))
+            branch_options(child, depth=level,
+                           sampling_seed=branch_seed(cfg.seed, problem_index, len(children), step))
             child += f"Step {level}: {OPENERS[level > 1][i]}"
             child += sgl.gen("thought", max_tokens=cfg.step_tokens, stop="\n", temperature=cfg.temperature)
             child += "\n"
@@ -145,8 +149,7 @@ class Search:
 
     def expand(self, frontier: list, level: int) -> list:
         """Propose children of every frontier node, evaluate them; the children, best first."""
-        seed_base = self.problem_index * 1000 + len(self.states)
-        children = propose(frontier, level, self.cfg, seed_base)
+        children = propose(frontier, level, self.cfg, self.problem_index, step=len(self.states))
         scores = evaluate(children, level)
         self.level_scores[level - 1] += scores
         self.states += children
@@ -211,5 +214,5 @@ def solve_batch(problems: list[Problem], cfg: TotConfig, backend, num_threads: i
         texts, level_scores = state.ret_value
         leaf_answers = tuple(extract_answer(problem, text) for text in texts)
         answer, votes = majority_vote(list(leaf_answers))
-        results.append(TotResult(problem, answer, votes, leaf_answers, level_scores))
+        results.append(TotResult(problem, answer, votes, leaf_answers, level_scores, tuple(texts)))
     return results

@@ -36,7 +36,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
 from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth
 from rksc_sgl.config import RkscConfig
-from rksc_sgl.scores import BranchTag
+from rksc_sgl.protocol import BranchTag
 
 logger = logging.getLogger(__name__)
 

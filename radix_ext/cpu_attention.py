@@ -2,8 +2,8 @@
 and an extend that attends from the new tokens only.
 
 Stock ``torch_native`` decodes request by request: per request and per layer it gathers the keys
-and values with advanced indexing (``k_cache[slots]``, ~8x slower on CPU than ``index_select`` for
-rows of 768 bytes) and calls SDPA once. With 8 streams that is 240 gathers and 240 SDPA calls per
+and values with advanced indexing (``k_cache[slots]``, slower on CPU than ``index_select`` for
+rows this small) and calls SDPA once. With 8 streams that is 240 gathers and 240 SDPA calls per
 step. Here the KV slots of the whole batch are looked up once per step (``DecodeSlots``, padded to
 the longest request), and each layer does two ``index_select`` gathers and one SDPA call over
 ``[batch, heads, 1, head_dim]`` with a padding mask. Extend keeps stock's per-request loop but

@@ -3,24 +3,20 @@ forward, and float32 linears through oneDNN with pre-packed weights.
 
 **Threads.** How many OpenMP threads a forward of the scheduler uses. Default: torch's own
 count (both cores here), for every forward. That is the fastest on a machine that runs one engine:
-``python -m programs.speed --repeats 3`` on the idle 2-core machine (medians of 3,
+``python -m benchmarks.speed --repeats 3`` on the idle 2-core machine (medians of 3,
 ``benchmarks/results/speed.jsonl``) gave 41.9 / 245 / 550 tok/s decode for 1 / 8 / 32 streams and
 709 tok/s prefill with torch's count (commit 98491ff), against 32.9 / 204 / 437 and 375 with 1
 thread (commit be69503).
 
-On a machine shared with other busy processes set ``RKSC_CPU_THREADS=1``: measured while other
-engines ran (load average 5-15), with 2 threads an 8- or 32-row matmul of decode took 16-48 ms
-instead of 0.2-2 ms, because each of the ~400 parallel regions of a decode step waits at its
-barrier for the second thread, which the OS has lent to another process (libgomp's workers spin,
-which makes it worse); 32-stream decode collapsed to 54-78 tok/s against 407 with 1 thread, and
-2,000-token prefill ran at 169 tok/s against 334. ``RKSC_CPU_LARGE_FORWARD_TOKENS=256`` then gives
-forwards of more tokens (prefill chunks) torch's count again. Set them in the environment of the
-process that starts SGLang; spawned schedulers inherit it.
+On a machine shared with other busy processes set ``RKSC_CPU_THREADS=1``: there each of the
+hundreds of parallel regions of a decode step waits at its barrier for a second thread that the OS
+has lent to another process (libgomp's workers spin, which makes it worse).
+``RKSC_CPU_LARGE_FORWARD_TOKENS=256`` then gives forwards of more tokens (prefill chunks) torch's
+count again. Set them in the environment of the process that starts SGLang; spawned schedulers
+inherit it.
 
-**Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU ran 2.3-4x slower than
-oneDNN with pre-packed weights at every size measured (1 thread: 8 rows 0.66 vs 0.24 ms for a
-3072x576 + 576x1536 pair, 2000 rows 203 vs 86 ms; a whole decode step's linears, weights streamed
-from memory: 1 row 32 vs 16 ms, 8 rows 58 vs 23 ms). ``use_onednn_linears`` swaps the
+**Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU was slower than oneDNN
+with pre-packed weights for the shapes of a decode step. ``use_onednn_linears`` swaps the
 ``quant_method`` of every unquantized float32 linear (and of the LM head) for a subclass whose
 ``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight packed once; the weight is
 re-packed if it is modified. Both are IEEE float32 with another summation order: outputs differ from

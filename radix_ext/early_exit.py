@@ -1,6 +1,8 @@
 """CGEE level 2 in the runtime: a logit-lens forward that stops after the exit layer.
 
-An AROUND hook on ``LlamaForCausalLM.forward`` sends every batch to SGLang's own forward unless
+An AROUND hook on ``LlamaForCausalLM.forward`` (Llama-3, Mistral, Falcon3, SmolLM2: SGLang runs them
+all with its Llama classes) and on ``Qwen2ForCausalLM.forward`` (Qwen2, Qwen2.5), whose decoder
+stacks SGLang writes the same way, sends every batch to SGLang's own forward unless
 a row of an EXTEND batch carries ``rksc_early_exit`` options (``radix_ext.exit_requests``). Such a
 batch runs ``_lens_forward``: the layer loop of ``LlamaModel.forward``, which after each layer
 reads the residual stream's full hidden state at each flagged row's last token
@@ -27,11 +29,18 @@ from typing import Any
 import torch
 
 from radix_ext import exit_requests
-from radix_ext.exit_rule import EarlyExitParams, lens_entropy
+from radix_ext.exit_rule import lens_entropy
+from rksc_sgl.protocol import EarlyExitParams
 
 logger = logging.getLogger(__name__)
 
-TARGET = "sglang.srt.models.llama.LlamaForCausalLM.forward"
+# Hooked forward -> the decoder stack's forward that ``_lens_forward`` replicates, and the extra
+# keyword arguments that stack passes to its final norm.
+TARGETS = {
+    "sglang.srt.models.llama.LlamaForCausalLM.forward": ("sglang.srt.models.llama.LlamaModel.forward", {}),
+    "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward": ("sglang.srt.models.qwen2.Qwen2Model.forward",
+                                                         {"skip_empty": True}),
+}
 CALLS_ATTR = "rksc_layer_calls"
 # SGLang ``forward_hooks`` entry for the counter (fnmatch's * would also match the submodules).
 LAYER_CALL_COUNTER = {
@@ -51,16 +60,22 @@ def _flagged_rows(forward_batch) -> list[EarlyExitParams | None] | None:
     return rows if any(p is not None for p in rows) else None
 
 
-def _supported(model, extra_args: tuple, kwargs: dict[str, Any]) -> bool:
-    """The lens loop replicates the plain Llama stack only; anything else keeps SGLang's forward."""
-    from sglang.srt.models.llama import LlamaModel
+def _stack_forwards() -> dict[Any, dict[str, Any]]:
+    """The decoder-stack forwards the lens loop replicates -> their final norm's extra kwargs."""
+    from rksc_sgl.seams import resolve
 
+    return {resolve(stack): norm_kwargs for stack, norm_kwargs in TARGETS.values()}
+
+
+def _supported(model, extra_args: tuple, kwargs: dict[str, Any]) -> bool:
+    """The lens loop replicates the plain Llama / Qwen2 stacks only; anything else keeps SGLang's
+    forward (and is reported once)."""
     stack = model.model
     supported = (
         not extra_args
         and all(kwargs.get(k) in (None, False) for k in ("input_embeds", "get_embedding", "pp_proxy_tensors"))
         and set(kwargs) <= {"input_embeds", "get_embedding", "pp_proxy_tensors"}
-        and type(stack).forward is LlamaModel.forward
+        and type(stack).forward in _stack_forwards()
         and stack.pp_group.is_first_rank and stack.pp_group.is_last_rank
         and not stack.layers_to_capture and not model.capture_aux_hidden_states
         and getattr(model, "quant_config", None) is None
@@ -149,7 +164,8 @@ def _lens_logits(model, normed: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _lens_forward(model, input_ids, positions, forward_batch, lens: _LensPass):
-    """``LlamaModel.forward`` + ``LlamaForCausalLM.forward`` (sglang 0.5.23) with lens and exit."""
+    """``LlamaModel.forward`` + ``LlamaForCausalLM.forward`` (sglang 0.5.23; Qwen2's are the same
+    but for ``skip_empty`` on the final norm) with lens and exit."""
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
     stack = model.model
@@ -167,7 +183,8 @@ def _lens_forward(model, input_ids, positions, forward_batch, lens: _LensPass):
             lens.observe(layers_run, probe, normed, _lens_logits(model, normed))
         if lens.all_exited():
             break
-    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm)  # also releases the stream
+    norm_kwargs = _stack_forwards()[type(stack).forward]
+    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)  # releases the stream
     for row, state in lens.exit_states.items():
         hidden[last_token[row]] = state.to(hidden.dtype)
     out = model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
@@ -196,4 +213,5 @@ def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     exit_requests.install()
-    HookRegistry.register(TARGET, _around_forward, HookType.AROUND)
+    for target in TARGETS:
+        HookRegistry.register(target, _around_forward, HookType.AROUND)

@@ -21,11 +21,8 @@ The key is ``(importance, last_access_time)``, like SGLang's ``PriorityStrategy`
 Why unscored nodes rank above most scored ones, not below: in a reasoning program an unscored
 node is mostly a branch waiting for its verdict or shared scaffolding (prompts), both needed
 soon, while what the program knows to be dead it can say so (``score=0`` on a verifier fork,
-see ``branch_options``). Measured on the tree-of-thoughts trace (``programs/tot.py``, 16 GSM8K
-problems, pool at 30% of the working set, replayed through this cache): ranking unscored nodes
-first recomputed 10% more prefill than LRU, ranking them at 0.5 with the verifier forks scored 0
-recomputed 5% less. ``--radix-eviction-policy-config '{"unscored_importance": 0}'`` restores
-"unscored first". End to end (``python -m programs.rsbcm_compare --limit 20``, pool at 25% of the
+see ``branch_options``). ``--radix-eviction-policy-config '{"unscored_importance": 0}'`` restores
+"unscored first". End to end (``python -m benchmarks.rsbcm_compare --limit 20``, pool at 25% of the
 working set, README "Benchmark"): the default computed 13-39% fewer prefill tokens than stock LRU
 over runs.
 """

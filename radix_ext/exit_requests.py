@@ -22,7 +22,8 @@ import logging
 import weakref
 from typing import Any
 
-from radix_ext.exit_rule import PARAMS_KEY, EarlyExitParams
+from rksc_sgl.protocol import EXIT_KEY as PARAMS_KEY
+from rksc_sgl.protocol import EarlyExitParams
 
 logger = logging.getLogger(__name__)
 

@@ -1,118 +1,14 @@
-"""CGEE level 2: a request's early-exit options and the entropy stopping rule (pure, no SGLang).
-
-A verification request asks for a logit-lens forward in its sampling parameters::
-
-    custom_params = {"rksc_early_exit": {"theta": 2.0, "epsilon": 0.25, "min_layer": 8}}
-
-Options (``EarlyExitParams``):
-
-* ``theta``, ``epsilon``, ``min_layer``: exit after the first layer ``l >= min_layer`` whose lens
-  entropy ``H_l < theta`` (nats) and ``|H_l - H_{l-1}| < epsilon``; the layers after ``l`` do not run.
-* ``full_depth: true``: run every layer, still report the lens entropy of each (the reference
-  that CGEE error is measured against, and what calibration replays the rule on).
-* ``full_depth: true, lens: false``: run SGLang's own forward untouched; only the no-insert
-  guarantee below applies (the cost baseline for full-depth verification).
-* ``lens_token_ids``: report, per lens layer, the log-probabilities of these tokens (a verifier's
-  "Yes"/"No"), so calibration can read the verdict any exit layer would have given.
-
-Layers are numbered 1..L: layer ``l`` is the output of the ``l``-th decoder layer, so an exit
-at ``L`` is a full-depth pass. A flagged request must generate exactly one token (its verdict):
-the layers it skipped wrote no KV, so no later token may attend to it, and its KV is never
-inserted into the radix tree.
-"""
+"""CGEE level 2's entropy rule, in torch: the logit lens's entropy, and the stopping rule
+replayed offline on a full-depth pass (what calibration searches thresholds with). A request's
+early-exit options (``EarlyExitParams``) are part of the wire protocol, ``rksc_sgl.protocol``."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-PARAMS_KEY = "rksc_early_exit"
-_FIELDS = ("theta", "epsilon", "min_layer", "full_depth", "lens", "lens_token_ids")
-
-
-def _bad(field: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"custom_params.{PARAMS_KEY}.{field} must be {expected}, got {value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class EarlyExitParams:
-    theta: float | None = None  # nats; required unless full_depth
-    epsilon: float | None = None  # nats; required unless full_depth
-    min_layer: int = 2  # earliest layer allowed to exit (>= 2: the rule needs H_{l-1})
-    full_depth: bool = False
-    lens: bool = True  # full_depth only: compute lens entropies at every layer
-    lens_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("full_depth", "lens"):
-            if not isinstance(getattr(self, name), bool):
-                raise _bad(name, "true or false", getattr(self, name))
-        if not self.full_depth:
-            if not self.lens:
-                raise _bad("lens", "true when the request may exit early", self.lens)
-            for name in ("theta", "epsilon"):
-                value = getattr(self, name)
-                if not _is_number(value) or value < 0:
-                    raise _bad(name, "a number >= 0 (nats)", value)
-        if isinstance(self.min_layer, bool) or not isinstance(self.min_layer, int) or self.min_layer < 2:
-            raise _bad("min_layer", "an int >= 2", self.min_layer)
-        ids = self.lens_token_ids
-        if not isinstance(ids, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-            raise _bad("lens_token_ids", "a list of token ids", ids)
-
-    @property
-    def uses_lens(self) -> bool:
-        return self.lens or not self.full_depth
-
-    def first_lens_layer(self, num_layers: int) -> int:
-        """The first layer whose lens this request needs (exit mode starts one before min_layer)."""
-        if self.full_depth:
-            return 1 if self.lens else num_layers + 1
-        if self.min_layer >= num_layers:  # reaching layer L is no exit: nothing to probe
-            return num_layers + 1
-        return self.min_layer - 1
-
-    def should_exit(self, layer: int, entropy: float, previous: float | None) -> bool:
-        """The stopping rule at ``layer`` given its lens entropy and the previous layer's."""
-        if self.full_depth or layer < self.min_layer or previous is None:
-            return False
-        return entropy < self.theta and abs(entropy - previous) < self.epsilon
-
-    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        entry: dict[str, Any] = {"min_layer": self.min_layer}
-        if self.full_depth:
-            entry.update(full_depth=True, lens=self.lens)
-        else:
-            entry.update(theta=float(self.theta), epsilon=float(self.epsilon))
-        if self.lens_token_ids:
-            entry["lens_token_ids"] = list(self.lens_token_ids)
-        return {**(base or {}), PARAMS_KEY: entry}
-
-    @classmethod
-    def from_custom_params(cls, custom_params: Any) -> "EarlyExitParams | None":
-        """The options of a request, None if it asks for none; ValueError naming the field."""
-        if not isinstance(custom_params, dict) or custom_params.get(PARAMS_KEY) is None:
-            return None
-        entry = custom_params[PARAMS_KEY]
-        if not isinstance(entry, dict):
-            raise ValueError(f"custom_params.{PARAMS_KEY} must be an object, got {entry!r}")
-        unknown = sorted(set(entry) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"custom_params.{PARAMS_KEY} has unknown field(s) {unknown}; known: {list(_FIELDS)}")
-        values = dict(entry)
-        if "lens_token_ids" in values:
-            if not isinstance(values["lens_token_ids"], (list, tuple)):
-                raise _bad("lens_token_ids", "a list of token ids", values["lens_token_ids"])
-            values["lens_token_ids"] = tuple(values["lens_token_ids"])
-        return cls(**values)
+from rksc_sgl.protocol import EarlyExitParams
 
 
 def lens_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rksc_sgl.protocol import KV_POOL_KEY as KEY
+
 TARGET = (
     "sglang.srt.managers.scheduler_components.internal_state."
     "SchedulerInternalStateController.get_internal_state"
 )
-KEY = "rksc_kv_pool"
 EVICTION_TARGETS = (
     "sglang.srt.mem_cache.radix_cache.RadixCache.evict",
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict",

@@ -10,10 +10,12 @@ radix cache is built, so registrations made here are visible where the cache is 
   sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
   scheduler error;
 * the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``);
-* CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``).
+* CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
+* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
-registered": look for the plugin's traceback above that message.
+registered": look for the plugin's traceback above that message. A missing SGLang name we rely
+on is different: it raises ``rksc_sgl.seams.SeamMissing`` (a SystemExit), which stops start-up.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def load() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from radix_ext import introspection, stats
+    from radix_ext.seams import scheduler_seams
+    from rksc_sgl import seams
     from rksc_sgl.config import RkscConfig
 
     config = RkscConfig.from_env()  # fails loudly on a malformed RKSC_SGL_CONFIG
+    seams.check(scheduler_seams())  # SystemExit naming any SGLang name we rely on that is gone
     introspection.install()
     register_backend()
     HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
@@ -42,6 +47,10 @@ def load() -> None:
     from radix_ext import early_exit  # CGEE: verification requests may exit after layer l*
 
     early_exit.install()
+    if config.seeded_sampling:
+        from radix_ext import sampler  # seeded, batch-invariant sampling on the CPU's backend
+
+        sampler.install(report_margins=config.report_sampling_margins)
     logger.debug("rksc-sgl plugin loaded with %s", config)
 
 
@@ -61,7 +70,7 @@ def register_backend() -> None:
 
 
 def _check_branch_tag(result, sampling_params, *args, **kwargs):
-    from rksc_sgl.scores import BranchTag
+    from rksc_sgl.protocol import BranchTag
 
     BranchTag.from_custom_params(sampling_params.custom_params)  # ValueError -> HTTP 400
     return None

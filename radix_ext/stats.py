@@ -19,8 +19,8 @@ import collections
 from typing import Any
 
 from radix_ext.introspection import TARGET as STATE_TARGET  # the same readback hook point
+from rksc_sgl.protocol import STATS_KEY as KEY
 
-KEY = "rksc_cache"
 
 
 def node_metadata(cache) -> list[list[Any]]:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    # Configuration and the runtime: an in-process engine, or a server's URL.
     "RkscConfig": "rksc_sgl.config",
     "launch_engine": "rksc_sgl.engine",
-    "EngineBackend": "rksc_sgl.frontend",
     "default_model_path": "rksc_sgl.model_cache",
+    "EngineBackend": "rksc_sgl.frontend",
+    "RkscEndpoint": "rksc_sgl.frontend",
+    # Program primitives: per-branch options (seed, depth, score), scores, verification.
+    "branch_options": "rksc_sgl.frontend",
     "report_score": "rksc_sgl.scores",
+    "Candidate": "rksc_sgl.verify",
     "verify": "rksc_sgl.verify",
 }
 

@@ -21,10 +21,10 @@ from rksc_sgl.model_cache import resolve_model_path
 
 # Settings for SGLang's CPU path on a 2-core AVX2 machine. float32 was chosen by measurement
 # (issue 3's table, stock torch_native: prefill 249 tok/s against 70 in float16, no native
-# half-precision matmul here). The KV pool is capped: SGLang's default sizing took ~15 GB.
+# half-precision matmul here). The KV pool is capped: SGLang's default sizing takes most of the RAM.
 # "rksc_cpu" is torch_native with batched decode attention, prefix-aware extend, oneDNN linears
 # and a thread policy (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle
-# scheduler otherwise busy-polls and burns a whole core (measured 93%), slowing every engine here.
+# scheduler otherwise busy-polls a whole core, slowing every engine here.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu",
     "attention_backend": "rksc_cpu",

@@ -17,6 +17,7 @@ posts JSON to a server. Ours differ from it in three small ways:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -26,6 +27,8 @@ from typing import Any
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from sglang.lang.global_config import global_config
+
+from rksc_sgl.protocol import KV_POOL_KEY, BranchTag
 
 _OPTIONS_ATTR = "_rksc_options"
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -56,8 +59,10 @@ def branch_options(state, *, sampling_seed: int | None = None, depth: int | None
                    score: float | None = None) -> None:
     """Attach options to every later ``gen`` of one program state (typically a fork).
 
-    ``sampling_seed`` makes sampling reproducible whatever the batching (SGLang honours it when
-    the engine runs with ``enable_deterministic_inference``). ``depth`` is the branch's fork level
+    ``sampling_seed`` makes sampling reproducible whatever the batching and the cache state
+    (our runtime's seeded sampler, ``radix_ext.sampler``; stock SGLang honours it only with
+    ``--enable-deterministic-inference``, which its CPU path cannot run). ``depth`` is the
+    branch's fork level
     (0 for the program's root, 1 for its forks, ...): RSBCM eviction reads it, and
     ``report_score`` sends it with the branch's score. ``score`` (with a depth) scores the
     branch from its first gen on: ``score=0.0`` marks scratch work the program will not extend,
@@ -68,8 +73,6 @@ def branch_options(state, *, sampling_seed: int | None = None, depth: int | None
     if sampling_seed is not None:
         options["sampling_seed"] = int(sampling_seed)
     if depth is not None or score is not None:
-        from rksc_sgl.scores import BranchTag
-
         custom_params = options.get("custom_params")
         current = BranchTag.from_custom_params(custom_params)
         if depth is None and current is None:
@@ -80,10 +83,19 @@ def branch_options(state, *, sampling_seed: int | None = None, depth: int | None
     setattr(executor, _OPTIONS_ATTR, options)
 
 
+def branch_tag(state) -> BranchTag | None:
+    """The ``BranchTag`` set on ``state`` with ``branch_options``, if any."""
+    executor = getattr(state, "stream_executor", state)
+    return BranchTag.from_custom_params(getattr(executor, _OPTIONS_ATTR, {}).get("custom_params"))
+
+
 def install_fork_prefix_fix() -> None:
     """Make ``StreamExecutor.fork`` drain its queue before deciding whether to commit the prefix."""
     from sglang.lang.interpreter import StreamExecutor
 
+    from rksc_sgl import seams
+
+    seams.check(seams.CLIENT)
     original = StreamExecutor.fork
     if getattr(original, "_rksc_fixed", False):
         return
@@ -146,9 +158,7 @@ class RkscEndpoint(RuntimeEndpoint):
 
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
-        from radix_ext.introspection import KEY
-
-        return self.get_server_info()["internal_states"][0][KEY]
+        return self.get_server_info()["internal_states"][0][KV_POOL_KEY]
 
     def token_ids(self, text: str) -> list[int]:
         """``text``'s token ids, no special tokens added (the server's ``/tokenize``)."""
@@ -197,9 +207,12 @@ class RkscEndpoint(RuntimeEndpoint):
 class EngineBackend(RkscEndpoint):
     """``sgl.set_default_backend(EngineBackend(engine))`` runs frontend programs in-process."""
 
-    def __init__(self, engine, chat_template_name: str | None = None):
+    def __init__(self, engine, chat_template_name: str | None = None, timeout_s: float | None = 1800.0):
         # RuntimeEndpoint.__init__ would query a server over HTTP; set its fields directly.
         install_fork_prefix_fix()
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
+        self.timeout_s = timeout_s
         self.support_concate_and_append = False
         self.engine = engine
         self.model_info = {"model_path": engine.server_args.model_path}
@@ -212,9 +225,20 @@ class EngineBackend(RkscEndpoint):
         self._thread = threading.Thread(target=self._loop.run_forever, name="rksc-engine-loop", daemon=True)
         self._thread.start()
 
-    def run(self, coro):
-        """Run a coroutine on the engine's event loop from any thread and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def run(self, coro, timeout_s: float | None = None):
+        """Run a coroutine on the engine's event loop from any thread and return its result.
+
+        Waits at most ``timeout_s`` (default: the backend's ``timeout_s``; None waits forever),
+        then cancels the coroutine and raises ``TimeoutError``, so a stuck request cannot hang a
+        program (or a test) for ever.
+        """
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"EngineBackend: no result after {timeout_s} s (timeout_s)") from None
 
     def _send(self, data: dict[str, Any]):
         body = dict(data)

@@ -25,7 +25,7 @@ def add_rksc_args(parser: argparse.ArgumentParser) -> None:
         flag = f"--{flag_name(field.name)}"
         kind = {"bool": bool, "int": int, "float": float}.get(str(field.type), str)
         if kind is bool:
-            group.add_argument(flag, action="store_true", default=field.default)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
             group.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
 

@@ -1,4 +1,6 @@
-"""Branch depth and score for RSBCM eviction: the program-side primitive and its wire format.
+"""Branch depth and score for RSBCM eviction: the program-side primitive (``report_score``).
+
+The wire format, ``BranchTag``, is in ``rksc_sgl.protocol``.
 
 RSBCM (``radix_ext.eviction``) needs two facts per branch that only the program knows: its fork
 level and, once generated or verified, its score. Both travel in SGLang's free-form
@@ -24,58 +26,13 @@ malformed entry is refused with a 400 naming the field (check installed by ``rad
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any
-
-PARAMS_KEY = "rksc"
-
-
-@dataclasses.dataclass(frozen=True)
-class BranchTag:
-    """What one request tells the cache about its branch."""
-
-    depth: int  # fork level: 0 for the program's root, 1 for its first fork, ...
-    score: float | None = None  # in [0, 1]; None on ordinary gens
-
-    def __post_init__(self) -> None:
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
-            raise ValueError(f"custom_params.{PARAMS_KEY}.depth must be an int >= 0, got {self.depth!r}")
-        if self.score is not None:
-            if isinstance(self.score, bool) or not isinstance(self.score, (int, float)) \
-                    or not math.isfinite(self.score) or not 0.0 <= self.score <= 1.0:
-                raise ValueError(
-                    f"custom_params.{PARAMS_KEY}.score must be a number in [0, 1], got {self.score!r}"
-                )
-
-    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``base`` (other custom_params, kept) plus this tag under ``"rksc"``."""
-        entry = {"depth": self.depth}
-        if self.score is not None:
-            entry["score"] = float(self.score)
-        return {**(base or {}), PARAMS_KEY: entry}
-
-    @classmethod
-    def from_custom_params(cls, custom_params: Any) -> "BranchTag | None":
-        """The tag of a request, None if it has none; ValueError naming the field if malformed."""
-        if not isinstance(custom_params, dict) or custom_params.get(PARAMS_KEY) is None:
-            return None
-        entry = custom_params[PARAMS_KEY]
-        if not isinstance(entry, dict) or "depth" not in entry:
-            raise ValueError(f"custom_params.{PARAMS_KEY} must be an object with a 'depth', got {entry!r}")
-        unknown = sorted(set(entry) - {"depth", "score"})
-        if unknown:
-            raise ValueError(f"custom_params.{PARAMS_KEY} has unknown field(s) {unknown}")
-        return cls(depth=entry["depth"], score=entry.get("score"))
+from rksc_sgl.frontend import branch_tag
+from rksc_sgl.protocol import BranchTag
 
 
 def branch_depth(state) -> int | None:
     """The depth set on ``state`` with ``branch_options(state, depth=...)``, if any."""
-    from rksc_sgl.frontend import _OPTIONS_ATTR
-
-    executor = getattr(state, "stream_executor", state)
-    options = getattr(executor, _OPTIONS_ATTR, {})
-    tag = BranchTag.from_custom_params(options.get("custom_params"))
+    tag = branch_tag(state)
     return None if tag is None else tag.depth
 
 

@@ -26,9 +26,9 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from radix_ext.exit_rule import EarlyExitParams
 from rksc_sgl.confidence import SkipDecision, answer_confidences, branch_confidence, skip_decision
 from rksc_sgl.config import RkscConfig
+from rksc_sgl.protocol import EarlyExitParams
 
 VERIFY_QUESTION = "Is the solution above correct? Answer Yes or No."
 YES_WORDS = ("Yes", " Yes", "yes", " yes")
@@ -52,7 +52,7 @@ class CgeeThresholds:
 
     @classmethod
     def load(cls, path: str) -> "CgeeThresholds":
-        """Read a file written by ``programs.calibrate_cgee`` (validated like the flags)."""
+        """Read a file written by ``benchmarks.calibrate_cgee`` (validated like the flags)."""
         with open(path) as f:
             values = json.load(f)["thresholds"]
         config = RkscConfig(**{f"cgee_{k}": v for k, v in values.items()})  # ValueError naming the flag

@@ -7,6 +7,7 @@ import sglang as sgl
 
 from programs.datasets import load
 from programs.sc import SamplingConfig, branch_openers, majority_vote, solve_batch
+from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration
 
@@ -20,12 +21,6 @@ def forked_answers(s, question: str, num_branches: int):
     metas = [f.get_meta_info("answer") for f in forks]
     forks.join()
     return metas
-
-
-def assert_no_kv_leak(backend) -> None:
-    pool = backend.kv_pool()
-    assert pool["available"] + pool["evictable"] + pool["protected"] == pool["total"], pool
-    assert pool["protected"] == 0, pool  # nothing runs, so nothing may stay locked
 
 
 class TestRadixSharing:

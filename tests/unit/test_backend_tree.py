@@ -24,7 +24,8 @@ from radix_ext import plugin, stats
 from radix_ext.backend import RkscRadixCache, build_cache
 from radix_ext.eviction import RSBCMStrategy, node_depth, node_score
 from rksc_sgl.frontend import branch_options
-from rksc_sgl.scores import BranchTag, report_score
+from rksc_sgl.protocol import BranchTag
+from rksc_sgl.scores import report_score
 
 
 class FakeAllocator:

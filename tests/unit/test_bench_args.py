@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from programs.bench import parse_args
-from programs.bench_modes import LANDED, MODES, resolve_modes
+from benchmarks.bench import parse_args
+from benchmarks.modes import LANDED, MODES, resolve_modes
 
 
 def test_unlanded_mechanism_is_refused_naming_it(capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from programs.bench_stats import agreement, clopper_pearson_upper95, ratio, wilson_ci95
+from benchmarks.stats import agreement, clopper_pearson_upper95, ratio, wilson_ci95
 
 
 class TestWilson:
@@ -39,3 +39,29 @@ class TestRatiosAndAgreement:
     def test_agreement_counts_equal_answers(self):
         assert agreement(["1", "2", None], ["1", "3", None]) == pytest.approx(2 / 3, abs=1e-4)
         assert agreement(["1"], []) is None
+
+
+class TestBranchAgreement:
+    def test_counts_every_problem_and_branch_position(self):
+        from benchmarks.stats import branch_agreement
+
+        assert branch_agreement([["1", "2"], ["3", None]], [["1", "9"], ["3", None]]) == 0.75
+
+    def test_runs_of_different_shapes_are_not_compared(self):
+        from benchmarks.stats import branch_agreement
+
+        assert branch_agreement([["1", "2"]], [["1"]]) is None
+        assert branch_agreement([["1"]], []) is None
+
+
+def test_repeats_token_counters_are_summed_field_by_field():
+    import dataclasses
+
+    from benchmarks.bench import sum_counters
+
+    @dataclasses.dataclass
+    class Counters:
+        prompt_tokens: int
+        cached_tokens: int
+
+    assert sum_counters([Counters(10, 4), Counters(7, 7)]) == Counters(17, 11)

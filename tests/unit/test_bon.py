@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from programs.bon import BonResult, summarize
+from benchmarks.bon_verify import BonResult, summarize
 from programs.datasets import Problem
 from rksc_sgl.confidence import SkipDecision
 from rksc_sgl.verify import Candidate, VerifyResult

@@ -105,7 +105,7 @@ class TestCommittedDefaults:
     def test_rksc_config_defaults_are_the_committed_calibration(self):
         from pathlib import Path
 
-        path = Path(__file__).resolve().parents[2] / "programs" / "cgee_thresholds.json"
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cgee_thresholds.json"
         assert CgeeThresholds.from_config(RkscConfig()) == CgeeThresholds.load(str(path))
 
     def test_bad_thresholds_name_the_flag(self):

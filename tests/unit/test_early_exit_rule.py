@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
-from programs.calibrate_cgee import exit_layers
-from radix_ext.exit_rule import PARAMS_KEY, EarlyExitParams, first_exit_layer, lens_entropy
+from benchmarks.calibrate_cgee import exit_layers
+from radix_ext.exit_rule import first_exit_layer, lens_entropy
+from rksc_sgl.protocol import EXIT_KEY as PARAMS_KEY
+from rksc_sgl.protocol import EarlyExitParams
 
 RULE = EarlyExitParams(theta=1.0, epsilon=0.2, min_layer=4)
 
@@ -144,7 +146,7 @@ def synthetic_records(num_problems: int = 80, num_layers: int = 30) -> list[dict
 
 class TestCalibrationSearch:
     def test_picks_the_cheapest_setting_that_never_changes_a_decision(self):
-        from programs.calibrate_cgee import load_records, search
+        from benchmarks.calibrate_cgee import load_records, search
 
         chosen = search(load_records(synthetic_records()), target_error=0.05)
         assert chosen["thresholds"] == {"tau_conf": 0.9, "margin": 1.0, "theta": 0.75, "epsilon": 0.02, "min_layer": 12}
@@ -152,7 +154,7 @@ class TestCalibrationSearch:
         assert chosen["calibration"]["mean_batch_exit_layer"] == 13
 
     def test_refuses_a_target_the_sample_cannot_support(self):
-        from programs.calibrate_cgee import load_records, search
+        from benchmarks.calibrate_cgee import load_records, search
 
         with pytest.raises(ValueError, match="even with no error"):
             search(load_records(synthetic_records(num_problems=20)), target_error=0.05)

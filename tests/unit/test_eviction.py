@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from radix_ext.backend import RkscRadixCache, score_path, tag_own_nodes
 from radix_ext.eviction import RSBCMStrategy, importance
-from rksc_sgl.scores import BranchTag
+from rksc_sgl.protocol import BranchTag
 
 
 class FakeAllocator:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from programs.plot import plot
-from programs.records import latest_run
+from benchmarks.plot import plot
+from benchmarks.records import latest_run
 
 
 def row(run_id, dataset, mode, speedup, acc):

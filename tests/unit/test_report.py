@@ -1,4 +1,4 @@
-"""The README's results section is generated from a results file (``programs.report``)."""
+"""The README's results section is generated from a results file (``benchmarks.report``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from programs.report import main, pooled_cgee_error, replace_between_markers, section
+from benchmarks.report import main, pooled_cgee_error, replace_between_markers, section
 
 WALL = {"no-cache": 300.0, "exact": 200.0, "cgee-only": 160.0}
 ACCURACY = {"no-cache": 0.20, "exact": 0.20, "cgee-only": 0.18}
@@ -33,7 +33,7 @@ def rows(run_id: str = "2") -> list[dict]:
 
 def test_section_has_the_command_a_row_per_dataset_and_mode_and_the_headline():
     text = section(rows())
-    assert "python -m programs.bench --workload bon-verify --datasets gsm8k,gpqa --limit 50 " \
+    assert "python -m benchmarks.bench --workload bon-verify --datasets gsm8k,gpqa --limit 50 " \
            "--modes no-cache,exact,cgee-only" in text
     assert text.count("| gsm8k |") == 3 and text.count("| gpqa |") == 3
     assert "| gsm8k | cgee-only | 160.0 | 1.88 | 1.25 |" in text

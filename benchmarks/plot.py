@@ -1,6 +1,6 @@
-"""``python -m programs.plot``: PNG figures from benchmark results files.
+"""``python -m benchmarks.plot``: PNG figures from benchmark results files.
 
-    python -m programs.plot benchmarks/results/sc.jsonl [--out benchmarks/results]
+    python -m benchmarks.plot benchmarks/results/sc.jsonl [--out benchmarks/results]
 
 For each results file it takes the latest run (``run_id``) and draws ``<workload>_speedup.png``
 (wall-time speed-up per dataset and mode, against no-cache and against exact) and
@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from programs.records import latest_run  # noqa: E402
+from benchmarks.records import latest_run  # noqa: E402
 
 
 def _grouped_bars(ax, rows, datasets, modes, value, title, baseline_line=None, errors=None):
@@ -76,7 +76,7 @@ def plot(path: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m programs.plot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", type=Path, help="results files (JSON lines)")
     p.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: beside each file)")
     args = p.parse_args(argv)

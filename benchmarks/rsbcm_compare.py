@@ -14,7 +14,7 @@ given. Per mode: prefill tokens computed (sum of ``prompt_tokens - cached_tokens
 request, zero-token ones included), cache hit rate, wall time, accuracy, evicted tokens, and
 whether the KV pool balanced when idle (SGLang's leak invariant).
 
-    python -m programs.rsbcm_compare --limit 20
+    python -m benchmarks.rsbcm_compare --limit 20
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from programs.datasets import load
-from programs.records import append_jsonl
+from benchmarks.records import append_jsonl
 from programs.tot import TotConfig, solve_batch
 from rksc_sgl.config import RkscConfig
 
@@ -146,7 +146,7 @@ def summary_table(report: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m programs.rsbcm_compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rsbcm_compare", description=__doc__.splitlines()[0])
     p.add_argument("--limit", type=int, default=20, help="number of GSM8K problems")
     p.add_argument("--offset", type=int, default=0, help="index of the first problem")
     p.add_argument("--modes", default="exact,rsbcm-only", help=f"comma-separated, from {sorted(MODES)}")

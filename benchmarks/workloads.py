@@ -1,15 +1,16 @@
 """The benchmark's workloads, each one program from ``programs/`` behind one small interface.
 
 A workload turns (problems, backend, mode) into per-problem answers plus the mechanism statistics
-it can report; ``programs.bench`` times it and does the bookkeeping.
+it can report; ``benchmarks.bench`` times it and does the bookkeeping.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Callable
 
-from programs.bench_modes import Mode
+from benchmarks.modes import Mode
 from programs.datasets import Problem
 from programs.sampling import SamplingConfig
 
@@ -30,8 +31,12 @@ class BenchSettings(SamplingConfig):
 
 @dataclasses.dataclass
 class WorkloadRun:
-    answers: list[str | None]
+    answers: list[str | None]  # per problem, the program's final answer
     correct: list[bool]
+    # Per problem, per branch (candidate, leaf): its extracted answer and a digest of its text, so
+    # modes can be compared branch by branch, not only by their majority answers.
+    branch_answers: list[list[str | None]] = dataclasses.field(default_factory=list)
+    branch_digests: list[list[str]] = dataclasses.field(default_factory=list)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
     # verifier that CGEE error is measured against); subtracted from the mode's wall time.
@@ -44,11 +49,17 @@ class Workload:
     run: Callable[[list[Problem], Any, Mode, BenchSettings, tuple[Problem, ...]], WorkloadRun]
 
 
+def digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
     from programs.sc import solve_batch
 
     results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse)
-    return WorkloadRun([r.answer for r in results], [r.correct for r in results])
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results],
+                       [[b.answer for b in r.branches] for r in results],
+                       [[digest(b.text) for b in r.branches] for r in results])
 
 
 def _run_diverse_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
@@ -59,7 +70,8 @@ def _run_tot(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from programs.tot import TotConfig, solve_batch
 
     results = solve_batch(problems, TotConfig(seed=settings.seed), backend)
-    return WorkloadRun([r.answer for r in results], [r.correct for r in results])
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results],
+                       [list(r.leaf_answers) for r in results], [[digest(t) for t in r.leaf_texts] for r in results])
 
 
 def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
@@ -68,7 +80,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     CGEE modes also run the full-depth verifier on the same candidates, untimed (``reference_s``),
     because CGEE error is defined against its decisions.
     """
-    from programs.bon import solve_batch, summarize
+    from benchmarks.bon_verify import solve_batch, summarize
     from rksc_sgl.verify import CgeeThresholds
 
     verify_modes = {"full": None, "cgee": CgeeThresholds.from_config()} if mode.cgee else {"full": None}
@@ -81,7 +93,9 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
                                      "cgee_error_ub95")}
         # Verification phase alone, CGEE against full depth on the same candidates, same engine.
         stats["cgee_verify_time_ratio"] = row["verify_time_ratio_vs_full"]
-    return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results], stats,
+    return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results],
+                       [[c.answer for c in r.candidates] for r in results],
+                       [[digest(c.context) for c in r.candidates] for r in results], stats,
                        reference_s=verify_s["full"] if mode.cgee else 0.0)
 
 

@@ -1,6 +1,6 @@
-"""``python -m programs.bench``: the paper's table, every mode in one process run.
+"""``python -m benchmarks.bench``: the paper's table, every mode in one process run.
 
-    python -m programs.bench --workload sc --datasets gsm8k,arc-challenge,mmlu-stem,gpqa \\
+    python -m benchmarks.bench --workload sc --datasets gsm8k,arc-challenge,mmlu-stem,gpqa \\
         --limit 50 --modes no-cache,exact,rksc,rsbcm-only --repeats 1
 
 For each mode it starts one engine, warms it up, and runs the workload on every dataset
@@ -8,8 +8,8 @@ For each mode it starts one engine, warms it up, and runs the workload on every 
 Every mode sees the same problems, exemplars, seeds and model. After all modes ran, speed-ups
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
-summary table is printed last. ``python -m programs.plot`` draws the figures and
-``python -m programs.report`` writes the README's results section.
+summary table is printed last. ``python -m benchmarks.plot`` draws the figures and
+``python -m benchmarks.report`` writes the README's results section.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from programs import bench_stats as st
-from programs.bench_modes import MODES, resolve_modes
+from benchmarks import stats as st
+from benchmarks.modes import MODES, resolve_modes
 from programs.datasets import DATASETS, load
-from programs.records import MODEL_NAME, append_jsonl, git_commit, machine
-from programs.workloads import BenchSettings, resolve_workload
+from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.workloads import BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = BenchSettings()
-    p = argparse.ArgumentParser(prog="python -m programs.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot or bon-verify (default: %(default)s)")
     p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
     p.add_argument("--modes", default="no-cache,exact,rksc",
@@ -90,7 +90,7 @@ def run_mode(mode, args, data) -> dict[str, dict]:
         exemplars, problems = next(iter(data.values()))
         workload.run(problems[:2], backend, mode, settings, exemplars)  # warm-up
         for name, (exemplars, problems) in tqdm(data.items(), desc=f"{args.workload} / {mode.name}"):
-            walls, run, counters = [], None, None
+            walls, run, counters, evicted = [], None, [], 0
             for _ in range(args.repeats):
                 backend.flush_cache()
                 evicted_before = backend.kv_pool()["evicted_tokens"]
@@ -98,13 +98,19 @@ def run_mode(mode, args, data) -> dict[str, dict]:
                 t0 = time.perf_counter()
                 run = workload.run(problems, backend, mode, settings, exemplars)
                 walls.append(time.perf_counter() - t0 - run.reference_s)
-                counters = backend.reset_counters()
+                counters.append(backend.reset_counters())
                 pool = backend.kv_pool()
-            raw[name] = {"walls": walls, "run": run, "counters": counters,
-                         "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool}
+                evicted += pool["evicted_tokens"] - evicted_before
+            raw[name] = {"walls": walls, "run": run, "counters": counters, "evicted": evicted, "pool": pool}
     finally:
         backend.shutdown()
     return raw
+
+
+def sum_counters(per_repeat: list):
+    """The token counters of every repeat, added field by field (same type as each element)."""
+    first = per_repeat[0]
+    return type(first)(**{f.name: sum(getattr(c, f.name) for c in per_repeat) for f in dataclasses.fields(first)})
 
 
 def build_rows(args, results, meta) -> list[dict]:
@@ -112,10 +118,10 @@ def build_rows(args, results, meta) -> list[dict]:
     for name in args.dataset_names:
         by_mode = {m: results[m][name] for m in results}
         wall = {m: statistics.median(r["walls"]) for m, r in by_mode.items()}
-        exact_answers = by_mode["exact"]["run"].answers if "exact" in by_mode else None
+        exact_run = by_mode["exact"]["run"] if "exact" in by_mode else None
         for mode in args.mode_objs:
             r = by_mode[mode.name]
-            run, c = r["run"], r["counters"]
+            run, c = r["run"], sum_counters(r["counters"])
             n = len(run.correct)
             rows.append({
                 "workload": args.workload, "dataset": name, "mode": mode.name,
@@ -123,12 +129,20 @@ def build_rows(args, results, meta) -> list[dict]:
                 "wall_s": round(wall[mode.name], 3), "wall_s_samples": [round(w, 3) for w in r["walls"]],
                 "speedup_vs_no_cache": st.ratio(wall.get("no-cache"), wall[mode.name]),
                 "speedup_vs_exact": st.ratio(wall.get("exact"), wall[mode.name]),
+                # Token counters are summed over the repeats; per repeat in *_per_repeat.
                 "prefill_tokens": c.prefill_tokens, "cached_tokens": c.cached_tokens,
+                "prefill_tokens_per_repeat": [x.prefill_tokens for x in r["counters"]],
                 "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                 "reuse_rate": round(c.cached_tokens / c.prompt_tokens, 4) if c.prompt_tokens else None,
                 "accuracy": round(sum(run.correct) / n, 4) if n else None,
                 "accuracy_ci95": st.wilson_ci95(sum(run.correct), n),
-                "answer_agreement_vs_exact": st.agreement(run.answers, exact_answers) if exact_answers else None,
+                # Against exact, same seeds: the majority answers, then branch by branch (the branch's
+                # extracted answer; its whole text identical). From the last repeat of each mode.
+                "answer_agreement_vs_exact": st.agreement(run.answers, exact_run.answers) if exact_run else None,
+                "branch_answer_agreement_vs_exact":
+                    st.branch_agreement(run.branch_answers, exact_run.branch_answers) if exact_run else None,
+                "branch_text_agreement_vs_exact":
+                    st.branch_agreement(run.branch_digests, exact_run.branch_digests) if exact_run else None,
                 "cgee_skip_rate": run.stats.get("cgee_skip_rate"),
                 "cgee_mean_exit_layer": run.stats.get("cgee_mean_exit_layer"),
                 "cgee_error": run.stats.get("cgee_error"), "cgee_errors": run.stats.get("cgee_errors"),
@@ -136,20 +150,25 @@ def build_rows(args, results, meta) -> list[dict]:
                 "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
                 "asks_substitutions": run.stats.get("asks_substitutions"),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
-                "answers": run.answers,
+                # Tokens left in the radix tree after the last repeat: the run's KV working set when
+                # nothing was evicted (what --max-total-tokens is set against to create pressure).
+                "tree_tokens_after": r["pool"]["evictable"] if not mode.disable_radix_cache else None,
+                "answers": run.answers, "branch_answers": run.branch_answers,
             })
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'dataset':14} {'mode':11} {'wall s':>7} {'x no-cache':>10} {'x exact':>8} {'prefill':>8} {'reuse':>6} {'acc':>6} {'acc 95% CI':>14} {'agree':>6} {'evicted':>8}"
+    head = (f"{'dataset':14} {'mode':11} {'wall s':>7} {'x no-cache':>10} {'x exact':>8} {'prefill':>8} {'reuse':>6} "
+            f"{'acc':>6} {'acc 95% CI':>14} {'agree':>6} {'br.agree':>8} {'evicted':>8}")
     print("\n" + head + "\n" + "-" * len(head))
     fmt = lambda v, f: "-" if v is None else format(v, f)
     for r in rows:
         ci = "-" if r["accuracy_ci95"] is None else f"[{r['accuracy_ci95'][0]:.2f}, {r['accuracy_ci95'][1]:.2f}]"
         print(f"{r['dataset']:14} {r['mode']:11} {r['wall_s']:>7.1f} {fmt(r['speedup_vs_no_cache'], '>10.2f')} "
               f"{fmt(r['speedup_vs_exact'], '>8.2f')} {r['prefill_tokens']:>8} {fmt(r['reuse_rate'], '>6.2f')} "
-              f"{fmt(r['accuracy'], '>6.2f')} {ci:>14} {fmt(r['answer_agreement_vs_exact'], '>6.2f')} {fmt(r['evictions'], '>8')}")
+              f"{fmt(r['accuracy'], '>6.2f')} {ci:>14} {fmt(r['answer_agreement_vs_exact'], '>6.2f')} "
+              f"{fmt(r['branch_text_agreement_vs_exact'], '>8.2f')} {fmt(r['evictions'], '>8')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": machine(),
             "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
             "max_total_tokens": args.max_total_tokens,
-            "command": "python -m programs.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
+            "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}
     meta["run_total_s"] = round(time.perf_counter() - started, 1)

@@ -1,6 +1,6 @@
-"""``python -m programs.report``: the README's results section, generated from a results file.
+"""``python -m benchmarks.report``: the README's results section, generated from a results file.
 
-    python -m programs.report benchmarks/results/bon-verify.jsonl [--readme README.md]
+    python -m benchmarks.report benchmarks/results/bon-verify.jsonl [--readme README.md]
 
 Takes the latest run (``run_id``) of the file and prints a Markdown section: the command that
 produced it, commit, date and machine, one table row per (dataset, mode) with every speed-up next
@@ -16,8 +16,8 @@ import argparse
 import statistics
 from pathlib import Path
 
-from programs.bench_stats import clopper_pearson_upper95
-from programs.records import latest_run
+from benchmarks.stats import clopper_pearson_upper95
+from benchmarks.records import latest_run
 
 PAPER = "3.0x mean speed-up over no-cache, 1.66x over exact prefix caching, CGEE error 0.37% (6/1,616)"
 
@@ -27,13 +27,13 @@ def _fmt(value, spec: str, none: str = "-") -> str:
 
 
 def command_of(rows: list[dict]) -> str:
-    """The command of the run: recorded by ``programs.bench``, else rebuilt from the rows' fields."""
+    """The command of the run: recorded by ``benchmarks.bench``, else rebuilt from the rows' fields."""
     if rows[0].get("command"):
         return rows[0]["command"]
     first, settings = rows[0], rows[0].get("settings", {})
     datasets = ",".join(dict.fromkeys(r["dataset"] for r in rows))
     modes = ",".join(dict.fromkeys(r["mode"] for r in rows))
-    parts = [f"python -m programs.bench --workload {first['workload']} --datasets {datasets}",
+    parts = [f"python -m benchmarks.bench --workload {first['workload']} --datasets {datasets}",
              f"--limit {first['n_problems']} --modes {modes}"]
     if first.get("repeats", 1) != 1:
         parts.append(f"--repeats {first['repeats']}")
@@ -85,9 +85,10 @@ def section(rows: list[dict]) -> str:
         command_of(rows),
         "```",
         "",
-        "| dataset | mode | wall s | x no-cache | x exact | accuracy [95% CI] | acc. vs exact | agrees with exact "
-        "| prompt reuse | CGEE skip | CGEE exit layer | CGEE verify time x full | CGEE error [UB95] | evicted tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | mode | wall s | x no-cache | x exact | accuracy [95% CI] | acc. vs exact | vote agrees "
+        "| branch agrees | prefill tokens | prompt reuse | CGEE skip | CGEE exit layer | CGEE verify time x full "
+        "| CGEE error [UB95] | evicted tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = r.get("accuracy_ci95")
@@ -97,7 +98,8 @@ def section(rows: list[dict]) -> str:
         out.append(
             f"| {r['dataset']} | {r['mode']} | {r['wall_s']:.1f} | {_fmt(r['speedup_vs_no_cache'], '.2f')} "
             f"| {_fmt(r['speedup_vs_exact'], '.2f')} | {acc} | {_fmt(delta, '+.2f')} "
-            f"| {_fmt(r['answer_agreement_vs_exact'], '.2f')} | {_fmt(r['reuse_rate'], '.2f')} "
+            f"| {_fmt(r['answer_agreement_vs_exact'], '.2f')} | {_fmt(r.get('branch_text_agreement_vs_exact'), '.2f')} "
+            f"| {_fmt(r.get('prefill_tokens'), 'd')} | {_fmt(r['reuse_rate'], '.2f')} "
             f"| {_fmt(r['cgee_skip_rate'], '.2f')} | {_fmt(r['cgee_mean_exit_layer'], '.1f')} "
             f"| {_fmt(r.get('cgee_verify_time_ratio'), '.2f')} | {err} "
             f"| {_fmt(r['evictions'], 'd')} |"
@@ -116,9 +118,11 @@ def replace_between_markers(text: str, workload: str, body: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m programs.report", description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, help="a results file of programs.bench (JSON lines)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.splitlines()[0])
+    p.add_argument("results", type=Path, help="a results file of benchmarks.bench (JSON lines)")
     p.add_argument("--readme", type=Path, default=None, help="write the section into this file between its markers")
+    p.add_argument("--section", default=None,
+                   help="marker name: <!-- results:SECTION:start --> (default: the run's workload)")
     args = p.parse_args(argv)
     if not args.results.is_file():
         p.error(f"results file not found: {args.results}")
@@ -128,10 +132,11 @@ def main(argv: list[str] | None = None) -> None:
         print(body, end="")
         return
     try:
-        args.readme.write_text(replace_between_markers(args.readme.read_text(), rows[0]["workload"], body))
+        name = args.section or rows[0]["workload"]
+        args.readme.write_text(replace_between_markers(args.readme.read_text(), name, body))
     except ValueError as e:
         p.error(f"--readme {args.readme}: {e}")
-    print(f"wrote the {rows[0]['workload']} section of {args.readme}")
+    print(f"wrote the {name} section of {args.readme}")
 
 
 if __name__ == "__main__":

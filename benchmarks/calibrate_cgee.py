@@ -1,10 +1,10 @@
-"""``python -m programs.calibrate_cgee``: choose CGEE's thresholds for a target error, with a bound.
+"""``python -m benchmarks.calibrate_cgee``: choose CGEE's thresholds for a target error, with a bound.
 
-    python -m programs.calibrate_cgee --dataset gsm8k,arc-challenge,mmlu-stem,gpqa \\
-        --calibration-size 40 --reserve 60 --target-error 0.05 --out programs/cgee_thresholds.json
+    python -m benchmarks.calibrate_cgee --dataset gsm8k,arc-challenge,mmlu-stem,gpqa \\
+        --calibration-size 100 --reserve 60 --target-error 0.05 --out benchmarks/results/cgee_thresholds.json
 
 The calibration split of each dataset is its *last* ``--calibration-size`` problems; the
-evaluation split (``programs.bon.measure``, ``programs.datasets.load(name, limit)``) is its
+evaluation split (``benchmarks.bon_verify.measure``, ``programs.datasets.load(name, limit)``) is its
 *first* problems, and ``--reserve`` of them are kept apart (refused if the two would overlap).
 
 On the calibration split, best-of-N candidates are generated and verified once at full depth
@@ -16,7 +16,7 @@ candidates form one batch, which runs until its last row exits; a skipped proble
 CGEE error = decisions that differ from the full-depth verifier's. Among the settings whose
 one-sided 95% Clopper-Pearson upper bound on that error is <= ``--target-error``, the cheapest
 is written to ``--out``, with the numbers it was chosen on. Choosing among many settings on the
-same data makes this bound optimistic: the bound that counts is the one ``programs.bon``
+same data makes this bound optimistic: the bound that counts is the one ``benchmarks.bon_verify``
 reports on the disjoint evaluation split.
 """
 
@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-from programs.bench_stats import clopper_pearson_upper95
+from benchmarks.stats import clopper_pearson_upper95
 from rksc_sgl.confidence import answer_confidences, skip_decision
 
 THETAS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -146,7 +146,8 @@ def search(data: CalibrationSet, target_error: float) -> dict:
 
 
 def collect(backend, datasets: list[str], size: int, reserve: int, num_candidates: int, seed: int) -> list[dict]:
-    from programs.bon import candidate_tokens, solve_batch
+    from benchmarks.bon_verify import solve_batch
+    from programs.bon import candidate_tokens
     from programs.datasets import load
     from programs.sampling import SamplingConfig
 
@@ -169,14 +170,14 @@ def collect(backend, datasets: list[str], size: int, reserve: int, num_candidate
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m programs.calibrate_cgee", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.calibrate_cgee", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="gsm8k", help="comma-separated; the splits are pooled")
     p.add_argument("--calibration-size", type=int, default=40, help="problems per dataset (its last ones)")
     p.add_argument("--reserve", type=int, default=60, help="first problems kept for evaluation")
     p.add_argument("--num-candidates", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--target-error", type=float, default=0.05, help="bound on the 95%% upper bound of CGEE error")
-    p.add_argument("--out", default="programs/cgee_thresholds.json")
+    p.add_argument("--out", default="benchmarks/results/cgee_thresholds.json")
     p.add_argument("--raw", default="benchmarks/results/cgee_calibration_raw.json",
                    help="where the diagnostics are saved (read back with --from-raw)")
     p.add_argument("--from-raw", action="store_true", help="search again on saved diagnostics, no engine")
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         zip(range(2, data.entropies.shape[-1] + 1), lens_agreement(data)))
     chosen |= {"target_error": args.target_error, "datasets": datasets,
                "calibration_split": f"last {args.calibration_size} problems of each dataset",
-               "command": "python -m programs.calibrate_cgee " + " ".join(sys.argv[1:] if argv is None else argv)}
+               "command": "python -m benchmarks.calibrate_cgee " + " ".join(sys.argv[1:] if argv is None else argv)}
     with open(args.out, "w") as f:
         json.dump(chosen, f, indent=2)
         f.write("\n")

@@ -1,0 +1,50 @@
+"""The scheduler side's SGLang seams, by mechanism (checked by ``radix_ext.plugin.load``, see
+``rksc_sgl.seams``): hook targets, overridden private methods and module attributes read."""
+
+from __future__ import annotations
+
+_RADIX = "sglang.srt.mem_cache.radix_cache.RadixCache"
+_TORCH_NATIVE = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+_RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
+
+
+def scheduler_seams() -> dict[str, tuple[str, ...]]:
+    from radix_ext import early_exit, exit_requests, introspection, plugin, sampler
+
+    return {
+        "plugin": (
+            plugin.SAMPLING_VERIFY_TARGET,
+            "sglang.srt.plugins.hook_registry.HookRegistry.register",
+            "sglang.srt.mem_cache.registry.register_radix_cache_backend",
+            "sglang.srt.mem_cache.registry.get_radix_cache_factory",
+            "sglang.srt.arg_groups.choices.RADIX_EVICTION_POLICY_CHOICES",
+            "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices",
+        ),
+        "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),
+        "RSBCM backend": (
+            f"{_RADIX}.checkpoint", f"{_RADIX}._split_node", f"{_RADIX}.reset", f"{_RADIX}.evict",
+            "sglang.srt.mem_cache.radix_cache.TreeNode",
+            "sglang.srt.mem_cache.evict_policy.EvictionStrategy",
+        ),
+        "CGEE early exit": (
+            *early_exit.TARGETS, *(stack for stack, _ in early_exit.TARGETS.values()),
+            exit_requests.CREATE_REQ, exit_requests.ADD_ONE_REQ,
+            "sglang.srt.managers.schedule_policy.AddReqResult.OTHER",
+            f"{_RESIDUAL}.start", f"{_RESIDUAL}.snapshot", f"{_RESIDUAL}.final_norm",
+        ),
+        "rksc_cpu attention": (
+            f"{_TORCH_NATIVE}._run_sdpa_forward_extend", f"{_TORCH_NATIVE}.forward_decode",
+            f"{_TORCH_NATIVE}.init_forward_metadata",
+            "sglang.srt.layers.attention.attention_registry.register_attention_backend",
+            "sglang.srt.arg_groups.choices.add_attention_backend_choices",
+            "sglang.srt.mem_cache.memory_pool.KVWriteLoc",
+            "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+            "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod.apply",
+        ),
+        "seeded sampling": (
+            sampler.SEED_TARGET,
+            "sglang.srt.layers.sampler.Sampler._sample_from_probs",
+            "sglang.srt.layers.sampler.register_sampler_backend",
+            "sglang.srt.layers.sampler._CUSTOM_SAMPLER_FACTORIES",
+        ),
+    }

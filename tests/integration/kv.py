@@ -1,0 +1,27 @@
+"""KV pool checks shared by the integration tests, synchronised on the scheduler's state.
+
+A response can reach the client a moment before the scheduler has retired its request (released
+its lock on the tree), so a leak check polls the pool until nothing is protected, within a
+deadline, instead of reading it once or sleeping a guessed time.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_until_idle(backend, timeout_s: float = 30.0) -> dict:
+    """The KV pool once no request holds KV (``protected == 0``); AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pool = backend.kv_pool()
+        if pool["protected"] == 0 or time.monotonic() > deadline:
+            return pool
+        time.sleep(0.05)
+
+
+def assert_no_kv_leak(backend) -> None:
+    """free + evictable + protected == total, and nothing protected once idle."""
+    pool = wait_until_idle(backend)
+    assert pool["available"] + pool["evictable"] + pool["protected"] == pool["total"], pool
+    assert pool["protected"] == 0, pool  # nothing runs, so nothing may stay locked

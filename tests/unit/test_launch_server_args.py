@@ -29,3 +29,10 @@ def test_config_round_trips_through_the_environment(monkeypatch):
     monkeypatch.setenv("RKSC_SGL_CONFIG", '{"no_such_option": 1}')
     with pytest.raises(ValueError, match="no_such_option"):
         RkscConfig.from_env()
+
+
+def test_boolean_options_default_on_can_be_switched_off():
+    config, rest = split_args(["--no-seeded-sampling", "--report-sampling-margins"])
+    assert config == RkscConfig(seeded_sampling=False, report_sampling_margins=True)
+    assert rest == []
+    assert split_args([])[0].seeded_sampling is True

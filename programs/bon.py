@@ -1,10 +1,10 @@
 """Best-of-N with a verifier: N sampled candidates (one fork each), ``verify`` picks the winner.
 
-``solve(problems, config, backend)`` is the program: each problem's candidates are
-``programs.sc``'s branches (seeded per problem and branch), verified with CGEE (skip when the
-winner is confidently ahead, else the verifier with early exit) or at full depth. The benchmark's
-measurement of it (every verification mode on the same candidates, timed, with CGEE error against
-full depth) is ``benchmarks.bon_verify``.
+The program in two steps: ``sample_candidates`` (each problem's candidates are ``programs.sc``'s
+branches, seeded per problem and branch), then ``verify_all`` (CGEE: skip when the winner is
+confidently ahead, else the verifier with early exit; or every candidate at full depth). The
+benchmark's measurement of it (every verification mode on the same candidates, timed, with CGEE
+error against full depth) is ``benchmarks.bon_verify``.
 """
 
 from __future__ import annotations
@@ -43,12 +43,3 @@ def verify_all(backend, candidate_sets, thresholds: CgeeThresholds | None, lens:
         verdicts = list(pool.map(
             lambda cands: verify(backend, cands, mode=mode, thresholds=thresholds, lens=lens), candidate_sets))
     return verdicts, time.perf_counter() - start
-
-
-def solve(problems: list[Problem], config: SamplingConfig, backend, *, thresholds: CgeeThresholds | None = None,
-          full_depth: bool = False, exemplars: tuple[Problem, ...] = ()) -> list[VerifyResult]:
-    """Best-of-N on every problem: sample the candidates, verify them (CGEE with ``thresholds``,
-    default RkscConfig's; or every candidate at full depth), one verdict per problem."""
-    candidate_sets = sample_candidates(problems, config, backend, exemplars=exemplars)
-    verdicts, _ = verify_all(backend, candidate_sets, None if full_depth else thresholds or CgeeThresholds.from_config())
-    return verdicts

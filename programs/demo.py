@@ -48,13 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def quiet_third_parties() -> None:
     """Hide warnings that say nothing to a demo's reader (CUDA-only quantisation notes, Triton on
-    CPU, SGLang's weight-loading bar, asyncio's "Task was destroyed" at exit), here and in the
-    engine's spawned processes (which inherit the environment). Our own code is not touched."""
-    import tqdm  # noqa: F401  (imported before TQDM_DISABLE is set: our progress bars stay)
-
+    CPU, asyncio's "Task was destroyed" at exit), here and in the engine's spawned processes
+    (which inherit ``PYTHONWARNINGS``). Our own code is not touched. SGLang's one-line
+    weight-loading bar still prints: its scheduler writes it to the terminal itself."""
     warnings.filterwarnings("ignore")
     os.environ["PYTHONWARNINGS"] = "ignore"
-    os.environ["TQDM_DISABLE"] = "1"  # read at import by the spawned scheduler's tqdm
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 

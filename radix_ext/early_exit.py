@@ -23,6 +23,7 @@ puts in the response's ``meta_info`` as one-element lists (one per generated tok
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -60,8 +61,10 @@ def _flagged_rows(forward_batch) -> list[EarlyExitParams | None] | None:
     return rows if any(p is not None for p in rows) else None
 
 
+@functools.cache
 def _stack_forwards() -> dict[Any, dict[str, Any]]:
-    """The decoder-stack forwards the lens loop replicates -> their final norm's extra kwargs."""
+    """The decoder-stack forwards the lens loop replicates -> their final norm's extra kwargs
+    (resolved once per process: flagged forwards consult it twice)."""
     from rksc_sgl.seams import resolve
 
     return {resolve(stack): norm_kwargs for stack, norm_kwargs in TARGETS.values()}

@@ -16,8 +16,8 @@ Two small seams put ours in their place:
   one gets a random seed once, stored on its ``SamplingParams``, so a retracted and re-prefilled
   request keeps drawing from the same stream. SGLang's batch merge and filter carry the tensor.
 
-The OpenAI-compatible routes already map ``seed`` to ``sampling_seed`` in 0.5.23 (its issue
-#15481 was about the seed being ignored downstream), so ``seed`` works there too. With
+The OpenAI-compatible routes already map ``seed`` to ``sampling_seed`` in 0.5.23, so ``seed``
+works there too (``tests/integration/test_seeded_sampling.py::TestOpenAiSeed``). With
 ``report_sampling_margins`` on (``RkscConfig``), every sampled token's decision margin (best
 minus second-best perturbed score at the closer of the two Gumbel stages) goes back in
 ``meta_info["rksc_sample_margin"]``; tests use it to tell near-ties from bugs.

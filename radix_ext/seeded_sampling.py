@@ -57,15 +57,17 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _id_codes(count: int, salt: int) -> torch.Tensor:
-    """``mix32(id * golden ^ salt)`` for ids 0..count-1: the per-id half of the hash, made once."""
-    ids = torch.arange(count, dtype=torch.int64)
+def _id_codes(num_ids: int, salt: int, device: torch.device) -> torch.Tensor:
+    """``mix32(id * golden ^ salt)`` for ids 0..num_ids-1: the per-id half of the hash, made once
+    per (id space, salt, device): the vocabulary's token ids, or its blocks."""
+    ids = torch.arange(num_ids, dtype=torch.int64, device=device)
     return mix32(((ids * _GOLDEN) & MASK32) ^ salt)
 
 
-def uniforms(keys: torch.Tensor, ids: torch.Tensor, salt: int = _TOKEN_SALT) -> torch.Tensor:
-    """u in (0, 1), float64, for every (row key, id): ``keys`` [rows], ``ids`` [rows, k] or [k]."""
-    codes = _id_codes(int(ids.max()) + 1, salt)[ids] if ids.numel() else ids.to(torch.int64)
+def uniforms(keys: torch.Tensor, ids: torch.Tensor, num_ids: int, salt: int = _TOKEN_SALT) -> torch.Tensor:
+    """u in (0, 1), float64, for every (row key, id): ``keys`` [rows], ``ids`` [rows, k] or [k],
+    every id in ``[0, num_ids)``."""
+    codes = _id_codes(num_ids, salt, ids.device)[ids]
     bits = mix32(keys.view(-1, 1) ^ codes)
     return (bits.to(torch.float64) + 0.5) * (1.0 / 2**32)
 
@@ -80,7 +82,7 @@ def filter_probs(probs: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch
     applies; ``probs`` itself, untouched, when none does). ``top_ks`` <= 0 or >= vocab, ``top_ps``
     >= 1 and ``min_ps`` <= 0 mean "no filter" for that row."""
     rows, vocab = probs.shape
-    keep_min = torch.zeros(rows, dtype=probs.dtype)
+    keep_min = probs.new_zeros(rows)
     if top_ks is not None:
         k = top_ks.to(torch.int64)
         active = (k > 0) & (k < vocab)
@@ -125,12 +127,15 @@ def sample(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, *,
     num_blocks = -(-vocab // BLOCK)
     padded = filtered if num_blocks * BLOCK == vocab else torch.nn.functional.pad(filtered, (0, num_blocks * BLOCK - vocab))
     blocks = padded.view(rows, num_blocks, BLOCK)
-    block_ids = torch.arange(num_blocks)
-    block_scores = torch.log(blocks.sum(-1).to(torch.float64)) + gumbel(uniforms(keys, block_ids, _BLOCK_SALT))
+    device = probs.device
+    block_ids = torch.arange(num_blocks, device=device)
+    block_noise = gumbel(uniforms(keys, block_ids, num_blocks, _BLOCK_SALT))
+    block_scores = torch.log(blocks.sum(-1).to(torch.float64)) + block_noise
     chosen = block_scores.argmax(-1)  # [rows]
-    in_block = blocks[torch.arange(rows), chosen]  # [rows, BLOCK]
-    token_ids = chosen.view(-1, 1) * BLOCK + torch.arange(BLOCK).view(1, -1)
-    token_scores = torch.log(in_block.to(torch.float64)) + gumbel(uniforms(keys, token_ids.clamp(max=vocab - 1)))
+    in_block = blocks[torch.arange(rows, device=device), chosen]  # [rows, BLOCK]
+    token_ids = chosen.view(-1, 1) * BLOCK + torch.arange(BLOCK, device=device).view(1, -1)
+    token_noise = gumbel(uniforms(keys, token_ids.clamp(max=vocab - 1), vocab))
+    token_scores = torch.log(in_block.to(torch.float64)) + token_noise
     token_scores = token_scores.masked_fill(token_ids >= vocab, float("-inf"))
     tokens = token_ids.gather(1, token_scores.argmax(-1, keepdim=True)).view(-1)
     if greedy:

@@ -88,6 +88,10 @@ def _engine_class() -> type:
     import psutil
     from sglang.srt.entrypoints import engine as sglang_engine
 
+    from rksc_sgl import seams
+
+    seams.check({"in-process engine": seams.CLIENT["in-process engine"]})
+
     class Engine(sglang_engine.Engine):
         def __init__(self, **kwargs: Any) -> None:
             me = psutil.Process()

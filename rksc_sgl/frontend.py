@@ -93,12 +93,12 @@ def install_fork_prefix_fix() -> None:
     """Make ``StreamExecutor.fork`` drain its queue before deciding whether to commit the prefix."""
     from sglang.lang.interpreter import StreamExecutor
 
-    from rksc_sgl import seams
-
-    seams.check(seams.CLIENT)
     original = StreamExecutor.fork
     if getattr(original, "_rksc_fixed", False):
         return
+    from rksc_sgl import seams
+
+    seams.check({"frontend backends": seams.CLIENT["frontend backends"]})  # once, before patching
 
     def fork(self, size: int = 1, position_ids_offset=None):
         if size > 1:

@@ -51,6 +51,20 @@ STATS_KEY = "rksc_cache"
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
 
 
+def _entry(custom_params: Any, key: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """``custom_params[key]`` as a dict of known ``fields``; None when absent; ValueError naming
+    the entry when it is not an object or has unknown fields."""
+    if not isinstance(custom_params, dict) or custom_params.get(key) is None:
+        return None
+    entry = custom_params[key]
+    if not isinstance(entry, dict):
+        raise ValueError(f"custom_params.{key} must be an object, got {entry!r}")
+    unknown = sorted(set(entry) - set(fields))
+    if unknown:
+        raise ValueError(f"custom_params.{key} has unknown field(s) {unknown}; known: {list(fields)}")
+    return dict(entry)
+
+
 @dataclasses.dataclass(frozen=True)
 class BranchTag:
     """What one request tells the cache about its branch."""
@@ -78,14 +92,11 @@ class BranchTag:
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "BranchTag | None":
         """The tag of a request, None if it has none; ValueError naming the field if malformed."""
-        if not isinstance(custom_params, dict) or custom_params.get(BRANCH_KEY) is None:
+        entry = _entry(custom_params, BRANCH_KEY, ("depth", "score"))
+        if entry is None:
             return None
-        entry = custom_params[BRANCH_KEY]
-        if not isinstance(entry, dict) or "depth" not in entry:
+        if "depth" not in entry:
             raise ValueError(f"custom_params.{BRANCH_KEY} must be an object with a 'depth', got {entry!r}")
-        unknown = sorted(set(entry) - {"depth", "score"})
-        if unknown:
-            raise ValueError(f"custom_params.{BRANCH_KEY} has unknown field(s) {unknown}")
         return cls(depth=entry["depth"], score=entry.get("score"))
 
 
@@ -157,15 +168,9 @@ class EarlyExitParams:
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "EarlyExitParams | None":
         """The options of a request, None if it asks for none; ValueError naming the field."""
-        if not isinstance(custom_params, dict) or custom_params.get(EXIT_KEY) is None:
+        values = _entry(custom_params, EXIT_KEY, _FIELDS)
+        if values is None:
             return None
-        entry = custom_params[EXIT_KEY]
-        if not isinstance(entry, dict):
-            raise ValueError(f"custom_params.{EXIT_KEY} must be an object, got {entry!r}")
-        unknown = sorted(set(entry) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"custom_params.{EXIT_KEY} has unknown field(s) {unknown}; known: {list(_FIELDS)}")
-        values = dict(entry)
         if "lens_token_ids" in values:
             if not isinstance(values["lens_token_ids"], (list, tuple)):
                 raise _bad("lens_token_ids", "a list of token ids", values["lens_token_ids"])

@@ -16,7 +16,8 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Client side: the frontend backends (rksc_sgl.frontend) and the engine wrapper (rksc_sgl.engine).
+# Client side, checked where each is first used: the frontend backends (rksc_sgl.frontend, before
+# the fork fix is installed) and the engine wrapper (rksc_sgl.engine, when its class is built).
 CLIENT: dict[str, tuple[str, ...]] = {
     "frontend backends": (
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._generate_http_request",

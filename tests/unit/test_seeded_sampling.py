@@ -58,7 +58,7 @@ class TestHash:
         positions = torch.randint(0, 100_000, (200,), generator=g)
         tokens = torch.randint(0, 50_000, (200, 3), generator=g)
         keys = ss.row_keys(seeds, positions)
-        u = ss.uniforms(keys, tokens)
+        u = ss.uniforms(keys, tokens, 50_000)
         for i in range(200):
             assert int(keys[i]) == key_reference(int(seeds[i]), int(positions[i]))
             for j in range(3):
@@ -66,7 +66,7 @@ class TestHash:
 
     def test_uniforms_lie_strictly_inside_zero_one(self):
         keys = ss.row_keys(torch.arange(64), torch.arange(64))
-        u = ss.uniforms(keys, torch.arange(4096))
+        u = ss.uniforms(keys, torch.arange(4096), 4096)
         assert float(u.min()) > 0.0 and float(u.max()) < 1.0
         assert abs(float(u.mean()) - 0.5) < 0.01
 

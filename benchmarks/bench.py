@@ -36,7 +36,7 @@ RESULTS_DIR = Path("benchmarks/results")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = BenchSettings()
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot or bon-verify (default: %(default)s)")
+    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot, bon-verify or paraphrase-sc (default: %(default)s)")
     p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
     p.add_argument("--modes", default="no-cache,exact,rksc",
                    help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
@@ -114,6 +114,8 @@ def sum_counters(per_repeat: list):
 
 
 def build_rows(args, results, meta) -> list[dict]:
+    from benchmarks.asks_quality import substitution_quality
+
     rows = []
     for name in args.dataset_names:
         by_mode = {m: results[m][name] for m in results}
@@ -148,7 +150,9 @@ def build_rows(args, results, meta) -> list[dict]:
                 "cgee_error": run.stats.get("cgee_error"), "cgee_errors": run.stats.get("cgee_errors"),
                 "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
                 "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
-                "asks_substitutions": run.stats.get("asks_substitutions"),
+                **{k: v for k, v in run.stats.items() if k.startswith("asks_")},
+                **(substitution_quality(run.details, exact_run.details)
+                   if "asks" in mode.mechanisms and run.details is not None and exact_run is not None else {}),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
                 # Tokens left in the radix tree after the last repeat: the run's KV working set when
                 # nothing was evicted (what --max-total-tokens is set against to create pressure).

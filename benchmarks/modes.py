@@ -13,7 +13,7 @@ from typing import Any
 from rksc_sgl.config import RkscConfig
 
 MECHANISMS = ("asks", "cgee", "rsbcm")
-LANDED: frozenset[str] = frozenset({"rsbcm", "cgee"})  # grows as mechanisms land
+LANDED: frozenset[str] = frozenset({"rsbcm", "cgee", "asks"})  # grows as mechanisms land
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Mode:
     disable_radix_cache: bool = False
 
     def rksc_config(self) -> RkscConfig:
-        return RkscConfig(rsbcm="rsbcm" in self.mechanisms)
+        return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
 
     def engine_overrides(self) -> dict[str, Any]:
         return {"disable_radix_cache": True} if self.disable_radix_cache else {}

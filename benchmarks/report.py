@@ -105,7 +105,34 @@ def section(rows: list[dict]) -> str:
             f"| {_fmt(r['evictions'], 'd')} |"
         )
     out += ["", "Per mode, over the datasets:", "", *headline(rows), "", f"The paper reports {PAPER}."]
+    out += asks_table(rows)
     return "\n".join(out) + "\n"
+
+
+def asks_table(rows: list[dict]) -> list[str]:
+    """ASKS's own columns (``benchmarks.asks_quality``), for the modes that ran it."""
+    mine = [r for r in rows if r.get("asks_substituted_branches") is not None or r.get("asks_false_accept_rate") is not None]
+    if not mine:
+        return []
+    exact = {r["dataset"]: r for r in rows if r["mode"] == "exact"}
+    out = ["", "ASKS, against `exact` on the same problems and seeds (substituted branches only for the "
+           "output columns):", "",
+           "| dataset | mode | substituted branches | prefill tokens x exact | reused tokens | wall x exact "
+           "| branch answer agrees | ROUGE-L vs own wording | ROUGE-L two seeds, one prompt | first-token KL "
+           "| mean abs dlogprob (16) | control false accepts (probed pairs) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in mine:
+        ref = exact.get(r["dataset"])
+        prefill = r["prefill_tokens"] / ref["prefill_tokens"] if ref and ref.get("prefill_tokens") else None
+        far = r.get("asks_false_accept_rate")
+        probed = f"{far:.3f} ({r.get('asks_control_probed')} of {r.get('asks_control_pairs')})" if far is not None else "-"
+        out.append(
+            f"| {r['dataset']} | {r['mode']} | {_fmt(r.get('asks_substituted_branches'), 'd')} | {_fmt(prefill, '.2f')} "
+            f"| {_fmt(r.get('asks_reused_tokens'), 'd')} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
+            f"| {_fmt(r.get('branch_answer_agreement_vs_exact'), '.2f')} "
+            f"| {_fmt(r.get('asks_rouge_l_vs_own_wording'), '.3f')} | {_fmt(r.get('asks_rouge_l_two_seeds_one_prompt'), '.3f')} "
+            f"| {_fmt(r.get('asks_first_token_kl'), '.3f')} | {_fmt(r.get('asks_mean_abs_dlogprob_16'), '.3f')} | {probed} |")
+    return out
 
 
 def replace_between_markers(text: str, workload: str, body: str) -> str:

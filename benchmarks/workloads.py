@@ -41,6 +41,7 @@ class WorkloadRun:
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
     # verifier that CGEE error is measured against); subtracted from the mode's wall time.
     reference_s: float = 0.0
+    details: Any = None  # the program's own per-problem results, for comparisons across modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +100,44 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
                        reference_s=verify_s["full"] if mode.cgee else 0.0)
 
 
+EXEMPLAR_POOL = 200  # paraphrase-sc draws each problem's exemplars from the dataset's last 200
+
+
+def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    """Paraphrase SC (``programs.paraphrase_sc``); exemplars drawn per problem from a pool at the
+    end of the dataset, apart from the evaluated problems. ASKS modes also run the control probe
+    (untimed, ``reference_s``) for the gate's false-accept rate in the runtime."""
+    import time
+
+    from benchmarks.asks_quality import control_probe
+    from programs.datasets import load
+    from programs.paraphrase_sc import solve_batch
+
+    everything = load(problems[0].dataset) if problems else []
+    pool = tuple(everything[-EXEMPLAR_POOL:])
+    if {p.id for p in pool} & {p.id for p in problems}:
+        raise ValueError("paraphrase-sc: the exemplar pool overlaps the evaluated problems; lower --limit")
+    results = solve_batch(problems, pool, settings.shots, settings, backend)
+    reports = [b.asks for r in results for b in r.branches if b.asks]
+    stats = {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
+             "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}
+    reference_s = 0.0
+    if "asks" in mode.mechanisms:
+        t0 = time.perf_counter()
+        stats.update(control_probe(backend))
+        reference_s = time.perf_counter() - t0
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results],
+                       [[b.answer for b in r.branches] for r in results],
+                       [[digest(b.text) for b in r.branches] for r in results], stats,
+                       reference_s=reference_s, details=results)
+
+
 WORKLOADS: dict[str, Workload] = {
     "sc": Workload("sc", _run_sc),
     "diverse-sc": Workload("diverse-sc", _run_diverse_sc),
     "tot": Workload("tot", _run_tot),
     "bon-verify": Workload("bon-verify", _run_bon),
+    "paraphrase-sc": Workload("paraphrase-sc", _run_paraphrase_sc),
 }
 
 

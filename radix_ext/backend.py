@@ -24,6 +24,13 @@ Overrides of RadixCache, each pinned by ``tests/unit/test_backend_tree.py``:
 * ``_split_node``: the new upper node holds a prefix of the same branch, so it inherits depth and
   score;
 * ``reset``: clears the report counter (the metadata lives on nodes and goes with them).
+
+With ASKS on (``--asks``, ``radix_ext.asks``), ``asks`` holds the gate and counters, and:
+
+* ``checkpoint`` also moves a span commit's signature (``radix_ext.asks_capture``) onto the node
+  that ends at the span's end, unless that node has one or the signature cap is reached;
+* ``_split_node`` leaves the signature on the lower node, which still ends where the span ends;
+* ``_delete_leaf`` (eviction) and ``reset`` release signature bytes with their nodes.
 """
 
 from __future__ import annotations
@@ -34,17 +41,21 @@ from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
+from radix_ext import asks_capture
+from radix_ext.asks import SIG_ATTR, AsksState
 from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth
-from rksc_sgl.config import RkscConfig
+from rksc_sgl.config import RkscConfig, parse_layers
 from rksc_sgl.protocol import BranchTag
 
 logger = logging.getLogger(__name__)
 
 
 class RkscRadixCache(RadixCache):
-    def __init__(self, params, *, rsbcm: bool = False) -> None:
-        """``rsbcm``: evict by RSBCM (``--rsbcm``); ``--radix-eviction-policy rsbcm`` also selects it."""
+    def __init__(self, params, *, rsbcm: bool = False, asks: AsksState | None = None) -> None:
+        """``rsbcm``: evict by RSBCM (``--rsbcm``); ``--radix-eviction-policy rsbcm`` also selects it.
+        ``asks``: ASKS's gate and counters (``--asks``), None when off."""
         self.score_reports = 0
+        self.asks = asks
         policy = params.eviction_policy.lower()
         rsbcm = rsbcm or policy == POLICY_NAME
         if rsbcm and policy not in ("lru", POLICY_NAME):
@@ -61,12 +72,16 @@ class RkscRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self.score_reports = 0
+        if getattr(self, "asks", None) is not None:  # the parent's __init__ calls reset first
+            self.asks.counters.signatures = self.asks.counters.signature_bytes = 0
 
     def checkpoint(self, req, *, up_to: int) -> None:
         own_start = req.prefix_len  # before the parent's insert: what the request found cached
         super().checkpoint(req, up_to=up_to)
         if self.disable:
             return
+        if self.asks is not None:
+            self._keep_signature(req)
         tag = request_tag(req)
         if tag is None:
             return
@@ -74,6 +89,29 @@ class RkscRadixCache(RadixCache):
         if tag.score is not None:
             score_path(req.last_node, self.root_node, tag)
             self.score_reports += 1
+
+    def _keep_signature(self, req) -> None:
+        signature = asks_capture.take_signature(req)
+        node = req.last_node
+        if signature is None or node is self.root_node or getattr(node, SIG_ATTR, None) is not None:
+            return
+        if sum(len(n.key) for n in path_to_root(node, self.root_node)) != signature.end:
+            return  # the span's end is not a node boundary (page alignment): no signature
+        counters = self.asks.counters
+        if counters.signature_bytes + signature.nbytes > self.asks.cap_bytes:
+            counters.signatures_over_cap += 1
+            return
+        setattr(node, SIG_ATTR, signature)
+        counters.signatures += 1
+        counters.signature_bytes += signature.nbytes
+
+    def _delete_leaf(self, node) -> None:
+        super()._delete_leaf(node)
+        signature = getattr(node, SIG_ATTR, None)
+        if signature is not None and self.asks is not None:
+            setattr(node, SIG_ATTR, None)
+            self.asks.counters.signatures -= 1
+            self.asks.counters.signature_bytes -= signature.nbytes
 
     def _split_node(self, key, child: TreeNode, split_len: int) -> TreeNode:
         new_node = super()._split_node(key, child, split_len)
@@ -131,4 +169,21 @@ def build_cache(ctx: Any) -> RkscRadixCache:
         )
     if ctx.enable_hierarchical_cache:
         raise ValueError("--radix-cache-backend rksc does not support --enable-hierarchical-cache")
-    return RkscRadixCache(ctx.params, rsbcm=RkscConfig.from_env().rsbcm)
+    config = RkscConfig.from_env()
+    return RkscRadixCache(ctx.params, rsbcm=config.rsbcm, asks=asks_state(ctx, config) if config.asks else None)
+
+
+def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
+    """ASKS's gate for the served model (layers, background) and its counters."""
+    from radix_ext import asks_background
+    from radix_ext.asks_gate import Gate
+
+    if ctx.tp_size > 1:
+        raise ValueError("--asks needs --tp-size 1: each rank would capture a shard's signatures and could "
+                         "decide differently, so ranks would disagree on the prompt")
+    num_layers = ctx.model_config.num_hidden_layers
+    layers = parse_layers(config.asks_layers, num_layers)
+    model = getattr(getattr(ctx.tp_worker, "model_runner", None), "model", None)
+    background = asks_background.load(config.asks_background, asks_background.model_fingerprint(model), layers)
+    gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background)
+    return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20))

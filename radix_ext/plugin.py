@@ -11,7 +11,8 @@ radix cache is built, so registrations made here are visible where the cache is 
   scheduler error;
 * the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
-* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``).
+* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
+* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
 registered": look for the plugin's traceback above that message. A missing SGLang name we rely
@@ -47,6 +48,10 @@ def load() -> None:
     from radix_ext import early_exit  # CGEE: verification requests may exit after layer l*
 
     early_exit.install()
+    if config.asks:
+        from radix_ext import asks  # ASKS: span signatures, the decision, its report
+
+        asks.install()
     if config.seeded_sampling:
         from radix_ext import sampler  # seeded, batch-invariant sampling on the CPU's backend
 
@@ -70,7 +75,8 @@ def register_backend() -> None:
 
 
 def _check_branch_tag(result, sampling_params, *args, **kwargs):
-    from rksc_sgl.protocol import BranchTag
+    from rksc_sgl.protocol import AsksOptions, BranchTag
 
     BranchTag.from_custom_params(sampling_params.custom_params)  # ValueError -> HTTP 400
+    AsksOptions.from_custom_params(sampling_params.custom_params)
     return None

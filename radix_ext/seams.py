@@ -9,7 +9,7 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import early_exit, exit_requests, introspection, plugin, sampler
+    from radix_ext import asks, early_exit, exit_requests, introspection, plugin, sampler
 
     return {
         "plugin": (
@@ -40,6 +40,15 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.mem_cache.memory_pool.KVWriteLoc",
             "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
             "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod.apply",
+        ),
+        "ASKS": (
+            asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *early_exit.TARGETS,
+            f"{_RADIX}._delete_leaf", f"{_RADIX}.checkpoint", f"{_RADIX}._split_node",
+            "sglang.srt.mem_cache.radix_cache.RadixKey.child_key_at",
+            "sglang.srt.mem_cache.radix_cache.RadixKey.match_at",
+            "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_prefix_lens_cpu",
+            "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_seq_lens_cpu",
+            f"{_RESIDUAL}.snapshot",
         ),
         "seeded sampling": (
             sampler.SEED_TARGET,

@@ -7,7 +7,9 @@ An AFTER hook on ``SchedulerInternalStateController.get_internal_state`` (instal
 * ``cache_class`` and ``eviction_policy`` of the scheduler's tree cache, whatever it is;
 * for ``RkscRadixCache``: ``score_reports`` (requests that carried a score since the last
   flush) and ``nodes``, a list of ``[depth, score, num_tokens]`` aggregated over the tree (depth
-  and score null where unset).
+  and score null where unset);
+* with ASKS on, ``asks``: its counters (``radix_ext.asks.Counters``: decisions by outcome, reused
+  tokens, signatures and their bytes), the bytes the live nodes really hold, tau and layers.
 
 Evicted-token totals are in ``rksc_kv_pool`` (``radix_ext.introspection``). Only meaningful
 while no request runs.
@@ -16,6 +18,7 @@ while no request runs.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 from radix_ext.introspection import TARGET as STATE_TARGET  # the same readback hook point
@@ -37,6 +40,19 @@ def node_metadata(cache) -> list[list[Any]]:
     return [[depth, score, tokens[(depth, score)]] for depth, score in order]
 
 
+def live_signature_bytes(cache) -> int:
+    """ASKS signature bytes held by the tree's nodes (what ``signature_bytes`` must equal)."""
+    from radix_ext.asks import SIG_ATTR
+
+    total, stack = 0, list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        signature = getattr(node, SIG_ATTR, None)
+        total += signature.nbytes if signature is not None else 0
+        stack.extend(node.children.values())
+    return total
+
+
 def cache_stats(cache) -> dict[str, Any]:
     from radix_ext.backend import RkscRadixCache
 
@@ -47,6 +63,11 @@ def cache_stats(cache) -> dict[str, Any]:
     if isinstance(cache, RkscRadixCache):
         stats["score_reports"] = cache.score_reports
         stats["nodes"] = node_metadata(cache)
+        if cache.asks is not None:
+            stats["asks"] = {**dataclasses.asdict(cache.asks.counters),
+                             "live_signature_bytes": live_signature_bytes(cache),
+                             "tau": cache.asks.gate.tau, "layers": list(cache.asks.gate.layers),
+                             "background": cache.asks.gate.background is not None}
     return stats
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -40,6 +41,18 @@ class RkscConfig:
     cgee_theta: float = 0.1
     cgee_epsilon: float = 0.02
     cgee_min_layer: int = 30
+    # ASKS (radix_ext.asks): a request whose cached opening span means the same as a sibling span
+    # (gate: weighted cosine of background-centred, mean-pooled full hidden states, weights
+    # exp(alpha * l / L) over the probed layers, sigma >= tau) adopts that span's tokens and reuses
+    # the KV below it. Defaults: benchmarks/results/asks_calibration.json (SmolLM2-135M, chosen on
+    # instruction families held apart from the paraphrase-sc workload). tau >= 1 never adopts.
+    asks: bool = False
+    asks_tau: float = 0.287
+    asks_alpha: float = 0.0
+    asks_layers: str = "11-20"  # "all", or 1-based layer numbers and ranges: "10-30", "4,8,12"
+    asks_min_tail: int = 16  # the donor's subtree must continue with >= this many of our tokens
+    asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
+    asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -47,10 +60,11 @@ class RkscConfig:
             if field.type in ("bool", bool) and not isinstance(value, bool):
                 raise ValueError(f"--{flag_name(field.name)} must be true or false, got {value!r}")
         _check_cgee(self)
+        _check_asks(self)
 
     @property
     def uses_backend(self) -> bool:
-        return self.rsbcm
+        return self.rsbcm or self.asks
 
     def server_overrides(self) -> dict[str, Any]:
         """SGLang ``ServerArgs`` fields implied by these options."""
@@ -86,6 +100,47 @@ def _check_cgee(config: RkscConfig) -> None:
     value = config.cgee_min_layer
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ValueError(f"--cgee-min-layer must be an int >= 2, got {value!r}")
+
+
+def _check_asks(config: RkscConfig) -> None:
+    for name in ("asks_tau", "asks_alpha", "asks_signature_cap_mb"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"--{flag_name(name)} must be a number, got {value!r}")
+    if not 0 <= config.asks_tau:
+        raise ValueError(f"--asks-tau must be >= 0 (1 or more never adopts), got {config.asks_tau!r}")
+    if config.asks_signature_cap_mb < 0:
+        raise ValueError(f"--asks-signature-cap-mb must be >= 0, got {config.asks_signature_cap_mb!r}")
+    value = config.asks_min_tail
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--asks-min-tail must be an int >= 1, got {value!r}")
+    parse_layers(config.asks_layers)
+    if not isinstance(config.asks_background, str) or not config.asks_background:
+        raise ValueError(f"--asks-background must be 'auto', 'none' or a file path, got {config.asks_background!r}")
+
+
+def parse_layers(spec: str, num_layers: int | None = None) -> tuple[int, ...] | None:
+    """``--asks-layers``: None for "all", else the sorted 1-based layer numbers; ValueError naming
+    the flag (and, given ``num_layers``, a layer the model does not have)."""
+    if not isinstance(spec, str):
+        raise ValueError(f"--asks-layers must be 'all' or layer numbers like '10-30' or '4,8,12', got {spec!r}")
+    if spec.strip() == "all":
+        return None if num_layers is None else tuple(range(1, num_layers + 1))
+    layers: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi if dash else lo)
+            if first < 1 or last < first:
+                raise ValueError
+            layers.update(range(first, last + 1))
+    except ValueError:
+        raise ValueError(
+            f"--asks-layers must be 'all' or layer numbers >= 1 like '10-30' or '4,8,12', got {spec!r}"
+        ) from None
+    if num_layers is not None and max(layers) > num_layers:
+        raise ValueError(f"--asks-layers {spec!r} names layer {max(layers)}; this model has {num_layers}")
+    return tuple(sorted(layers))
 
 
 def flag_name(field_name: str) -> str:

@@ -203,6 +203,14 @@ class RkscEndpoint(RuntimeEndpoint):
     def cache_prefix(self, prefix_str: str):
         self._generate_http_request(None, {"text": prefix_str, "sampling_params": {"max_new_tokens": 0}})
 
+    def prefill(self, text: str, custom_params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Commit ``text`` to the radix cache (a prefill-only request) and return its ``meta_info``:
+        how a program commits a shared head or an ASKS span before the prompts that contain it."""
+        params: dict[str, Any] = {"max_new_tokens": 0}
+        if custom_params:
+            params["custom_params"] = custom_params
+        return self._generate_http_request(None, {"text": text, "sampling_params": params})["meta_info"]
+
 
 class EngineBackend(RkscEndpoint):
     """``sgl.set_default_backend(EngineBackend(engine))`` runs frontend programs in-process."""

@@ -10,11 +10,14 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
 
 * ``"rksc"`` (``BRANCH_KEY``): ``BranchTag``, a branch's fork depth and score (RSBCM eviction);
 * ``"rksc_early_exit"`` (``EXIT_KEY``): ``EarlyExitParams``, a verification request's logit-lens
-  early exit (CGEE level 2).
+  early exit (CGEE level 2);
+* ``"rksc_asks"`` (``ASKS_KEY``): ``AsksOptions``, a request's opt-out of ASKS span substitution
+  (``{"enabled": false}``).
 
 What comes back: ``meta_info`` keys ``rksc_exit_layer``, ``rksc_entropies``, ``rksc_layers_run``,
 ``rksc_batch_rows``, ``rksc_lens_logprobs`` and ``rksc_layer_calls`` (flagged requests),
-``SAMPLE_MARGIN_KEY`` (with ``report_sampling_margins``); in the server's internal state,
+``SAMPLE_MARGIN_KEY`` (with ``report_sampling_margins``), ``ASKS_KEY`` (a list with one dict: the
+request's ASKS decision, see ``radix_ext.asks``); in the server's internal state,
 ``KV_POOL_KEY`` (the KV pool's accounting) and ``STATS_KEY`` (cache counters).
 
 Early exit, in detail. A verification request asks for a logit-lens forward in its sampling parameters::
@@ -49,6 +52,7 @@ EXIT_KEY = "rksc_early_exit"
 KV_POOL_KEY = "rksc_kv_pool"
 STATS_KEY = "rksc_cache"
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
+ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks)
 
 
 def _entry(custom_params: Any, key: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
@@ -176,3 +180,22 @@ class EarlyExitParams:
                 raise _bad("lens_token_ids", "a list of token ids", values["lens_token_ids"])
             values["lens_token_ids"] = tuple(values["lens_token_ids"])
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class AsksOptions:
+    """A request's ASKS options: ``enabled=False`` keeps its prompt exactly as sent."""
+
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"custom_params.{ASKS_KEY}.enabled must be true or false, got {self.enabled!r}")
+
+    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {**(base or {}), ASKS_KEY: {"enabled": self.enabled}}
+
+    @classmethod
+    def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
+        values = _entry(custom_params, ASKS_KEY, ("enabled",))
+        return cls() if values is None else cls(**values)

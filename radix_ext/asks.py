@@ -1,0 +1,293 @@
+"""ASKS in the scheduler: a request adopts a cached sibling span that means the same as its own.
+
+Exact KV only. When the gate passes, the request's prompt becomes ``ids[:s] + donor_span +
+ids[e:]`` and SGLang's own prefix matching then reuses the donor span's KV and whatever of the
+request's tail is cached below it. Attention and positions stay exact; what changes is the
+wording the branch conditions on, so every decision is reported (``meta_info["rksc_asks"]``)
+and counted (``cache_stats``).
+
+The decision runs once per request, when the scheduler creates it (an AFTER hook on
+``Scheduler._create_generation_req``, before any prefix matching), and only reads the tree (no
+splits, locks or access-time updates):
+
+1. walk the request's tokens down the tree; the fully matched nodes carrying a signature
+   (``radix_ext.asks_capture``) are its own spans, deepest first, each with tokens after it;
+2. donors of a span [s, e) (``s``: where its commit left the cached prefix): other signed nodes
+   below position ``s`` of the path (so they share ``ids[:s]``), outside the span's own subtree,
+   ending at most ``MAX_SPAN_TOKENS`` after ``s``, whose subtree continues with the request's
+   ``ids[e:]`` for at least ``asks_min_tail`` tokens; a donor replaces ``ids[s:e]`` with its
+   path's tokens from ``s`` to its end;
+3. the gate (``radix_ext.asks_gate``) on the own and each donor signature; the passing donor with
+   the highest sigma is adopted.
+
+Skipped (kept as sent, reported with the reason): requests that opt out
+(``custom_params["rksc_asks"] = {"enabled": false}``), ask for input log-probabilities, carry
+embeddings, multimodal inputs, embedding overrides or token types, belong to a session, or are
+CGEE verification requests. A donor evicted between this decision and the request's admission
+costs reuse, never correctness: the request then computes the donor's wording itself, and
+``reused_tokens`` reports what was really served from the cache (``cached_tokens - s``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from array import array
+from typing import Any
+
+from radix_ext import asks_capture, exit_requests
+from radix_ext.asks_gate import Gate, Signature, adopts
+from rksc_sgl.protocol import ASKS_KEY, AsksOptions
+
+logger = logging.getLogger(__name__)
+
+SIG_ATTR = "rksc_asks_signature"  # on a TreeNode: the Signature of the span ending at its end
+DECISION_ATTR = "rksc_asks_decision"  # on a Req: its Decision
+MAX_SPAN_TOKENS = 512  # donor spans are searched this far below the span start
+CREATE_REQ = exit_requests.CREATE_REQ
+ACCEPT_TARGET = ("sglang.srt.managers.scheduler_components.output_streamer."
+                 "_GenerationStreamAccumulator.accept")
+REQUEST_LEVEL_TARGET = ("sglang.srt.managers.scheduler_components.output_streamer."
+                        "SchedulerOutputStreamer.is_request_level_customized_info_key")
+
+
+@dataclasses.dataclass
+class Decision:
+    outcome: str  # adopted | gate | no-donor | no-span | skipped:<why>
+    tau: float
+    sigma: float | None = None  # the best candidate's (adopted or not)
+    span_start: int | None = None
+    own_length: int | None = None
+    donor_length: int | None = None
+    candidates: int = 0
+    reused_tokens: int = 0  # filled when the request reports: KV served from the donor's side
+    counted: bool = False
+
+    @property
+    def adopted(self) -> bool:
+        return self.outcome == "adopted"
+
+    def report(self) -> dict[str, Any]:
+        out = {"adopted": self.adopted, "outcome": self.outcome, "sigma": self.sigma, "tau": self.tau,
+               "span_start": self.span_start, "own_length": self.own_length,
+               "donor_length": self.donor_length, "candidates": self.candidates,
+               "reused_tokens": self.reused_tokens}
+        return out
+
+
+@dataclasses.dataclass
+class Counters:
+    requests: int = 0
+    adopted: int = 0
+    rejected_by_gate: int = 0
+    no_donor: int = 0
+    no_span: int = 0
+    skipped: int = 0
+    reused_tokens: int = 0
+    signatures: int = 0
+    signature_bytes: int = 0
+    signatures_over_cap: int = 0
+
+    def count(self, decision: Decision) -> None:
+        self.requests += 1
+        field = {"adopted": "adopted", "gate": "rejected_by_gate", "no-donor": "no_donor",
+                 "no-span": "no_span"}.get(decision.outcome, "skipped")
+        setattr(self, field, getattr(self, field) + 1)
+
+
+# ---- read-only tree walks -------------------------------------------------------------------
+
+def _key(ids, extra_key=None, cache_salt=None):
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return RadixKey(token_ids=ids if isinstance(ids, array) else array("q", ids), extra_key=extra_key,
+                    cache_salt=cache_salt)
+
+
+def matched_path(root, key, page_size: int = 1) -> list[tuple[Any, int, int]]:
+    """(node, start, end) of every node fully matched by ``key`` from the root, top down."""
+    path, node, pos = [], root, 0
+    while pos + page_size <= len(key):
+        child = node.children.get(key.child_key_at(pos, page_size))
+        if child is None or child.key.match_at(key, pos, page_size) < len(child.key):
+            break
+        path.append((child, pos, pos + len(child.key)))
+        node, pos = child, pos + len(child.key)
+    return path
+
+
+def matched_below(node, key, pos: int, page_size: int = 1, enough: int | None = None) -> int:
+    """How many tokens of ``key[pos:]`` continue below ``node`` (partial last node included)."""
+    matched = 0
+    while pos + page_size <= len(key) and (enough is None or matched < enough):
+        child = node.children.get(key.child_key_at(pos, page_size))
+        if child is None:
+            break
+        m = child.key.match_at(key, pos, page_size)
+        matched, pos, node = matched + m, pos + m, child
+        if m < len(child.key):
+            break
+    return matched
+
+
+def donors(root, path: list[tuple[Any, int, int]], own, start: int) -> list[tuple[Any, list[int]]]:
+    """Signed nodes below position ``start`` of the request's path (so sharing ``ids[:start]``),
+    outside ``own``'s subtree and ending at most ``MAX_SPAN_TOKENS`` after ``start``, each with
+    its path's tokens from ``start`` to its end (what would replace the own span)."""
+    roots: list[tuple[Any, int]] = [(c, 0) for c in root.children.values()] if start == 0 else []
+    for node, a, b in path:
+        if b == start:
+            roots = [(c, b) for c in node.children.values()]
+        elif a < start < b:
+            roots = [(node, a)]
+    found, stack = [], [(node, a, []) for node, a in roots]
+    while stack:
+        node, a, tokens = stack.pop()
+        if node is own:
+            continue
+        b = a + len(node.key)
+        tokens = tokens + list(node.key.token_ids[max(0, start - a): len(node.key)])
+        if getattr(node, SIG_ATTR, None) is not None and b > start:
+            found.append((node, tokens))
+        if b - start < MAX_SPAN_TOKENS:
+            stack.extend((child, b, tokens) for child in node.children.values())
+    return found
+
+
+def decide(cache, ids, gate: Gate, min_tail: int, *, extra_key=None, cache_salt=None) -> tuple[Decision, list[int] | None]:
+    """The decision for a request with token ids ``ids``, and its new ids if it adopts."""
+    key = _key(ids, extra_key, cache_salt)
+    page = cache.page_size
+    path = matched_path(cache.root_node, key, page)
+    spans = [(node, a, b) for node, a, b in path if getattr(node, SIG_ATTR, None) is not None
+             and len(key) - b >= min_tail]
+    if not spans:
+        return Decision("no-span", gate.tau), None
+    best: Decision | None = None
+    for node, _a, end in reversed(spans):
+        own: Signature = getattr(node, SIG_ATTR)
+        s = own.start
+        candidates = [(d, toks) for d, toks in donors(cache.root_node, path, node, s)
+                      if matched_below(d, key, end, page, enough=min_tail) >= min_tail]
+        if not candidates:
+            continue
+        scored = sorted(((gate.sigma(own, getattr(d, SIG_ATTR)), toks) for d, toks in candidates),
+                        key=lambda x: -x[0] if x[0] == x[0] else float("inf"))
+        sigma, toks = scored[0]
+        decision = Decision("adopted" if adopts(sigma, gate.tau) else "gate", gate.tau, sigma=sigma,
+                            span_start=s, own_length=end - s, donor_length=len(toks),
+                            candidates=len(candidates))
+        if decision.adopted:
+            return decision, list(ids[:s]) + toks + list(ids[end:])
+        best = best or decision
+    return best or Decision("no-donor", gate.tau), None
+
+
+# ---- scheduler hooks ------------------------------------------------------------------------
+
+def _skip_reason(req, recv_req) -> str | None:
+    try:
+        if not AsksOptions.from_custom_params(getattr(req.sampling_params, "custom_params", None)).enabled:
+            return "opted-out"
+    except ValueError:
+        return "bad-options"
+    if recv_req.return_logprob and getattr(recv_req, "logprob_start_len", -1) != -1:
+        return "input-logprobs"  # (-1: output log-probabilities only, which a rewrite keeps valid)
+    for attr, why in (("input_embeds", "embeddings"), ("positional_embed_overrides", "embed-overrides"),
+                      ("token_type_ids", "token-types"), ("session", "session"),
+                      ("multi_item_delimiter_indices", "multi-item")):
+        if getattr(req, attr, None) is not None:
+            return why
+    if getattr(recv_req, "mm_inputs", None) is not None or getattr(recv_req, "session_params", None) is not None:
+        return "multimodal-or-session"
+    if exit_requests.params_of(req) is not None:
+        return "verification"
+    return None
+
+
+def _on_create(req, scheduler, recv_req, *args, **kwargs):
+    from radix_ext.backend import RkscRadixCache
+
+    cache = scheduler.tree_cache
+    if not isinstance(cache, RkscRadixCache) or cache.asks is None or cache.disable:
+        return None
+    state = cache.asks
+    reason = _skip_reason(req, recv_req)
+    if reason is None and req.sampling_params.max_new_tokens == 0:
+        asks_capture.register(req)  # a span commit: its prefill leaves a signature
+    if state.gate.tau >= 1.0:
+        return None  # tau = 1: stock SGLang exactly (no decision, no report)
+    if reason is not None:
+        decision, new_ids = Decision(f"skipped:{reason}", state.gate.tau), None
+    else:
+        try:
+            decision, new_ids = decide(cache, req.origin_input_ids, state.gate, state.min_tail,
+                                       extra_key=req.extra_key, cache_salt=req.cache_salt)
+        except Exception:  # never fail the scheduler on a decision: keep the prompt as sent
+            logger.exception("ASKS decision failed for request %s; prompt kept", req.rid)
+            decision, new_ids = Decision("skipped:error", state.gate.tau), None
+        context = getattr(scheduler.model_config, "context_len", None)
+        if new_ids is not None and context and len(new_ids) + req.sampling_params.max_new_tokens > context:
+            decision, new_ids = dataclasses.replace(decision, outcome="skipped:too-long"), None
+    if new_ids is not None:
+        aliased = req.origin_input_ids_unpadded is req.origin_input_ids
+        req.origin_input_ids = array("q", new_ids)
+        if aliased:
+            req.origin_input_ids_unpadded = req.origin_input_ids
+    state.counters.count(decision)
+    setattr(req, DECISION_ATTR, decision)
+    return None
+
+
+def _report(accumulator, *args, req=None, **kwargs):
+    """BEFORE the output accumulator takes a request: its decision into ``customized_info``."""
+    decision: Decision | None = getattr(req, DECISION_ATTR, None)
+    if decision is None:
+        return None
+    if decision.adopted:
+        decision.reused_tokens = max(0, req.cached_tokens - decision.span_start)
+    if req.finished() and not decision.counted:
+        decision.counted = True
+        if _live_state:
+            _live_state[0].counters.reused_tokens += decision.reused_tokens
+    if req.customized_info is None:
+        req.customized_info = {}
+    req.customized_info[ASKS_KEY] = [decision.report()]
+    return None
+
+
+_live_state: list[Any] = []  # the scheduler's AsksState (one per scheduler process)
+
+
+def _request_level(result, streamer, key, *args, **kwargs):
+    return True if key == ASKS_KEY else result
+
+
+@dataclasses.dataclass
+class AsksState:
+    """What ASKS keeps per scheduler (on ``RkscRadixCache.asks``)."""
+
+    gate: Gate
+    min_tail: int
+    cap_bytes: int
+    counters: Counters = dataclasses.field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        _live_state[:] = [self]
+
+
+def install() -> None:
+    """Hooks of the scheduler process (``radix_ext.plugin`` calls this when ``asks`` is on)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from radix_ext.early_exit import TARGETS
+
+    HookRegistry.register(CREATE_REQ, _on_create, HookType.AFTER)
+    HookRegistry.register(ACCEPT_TARGET, _report, HookType.BEFORE)
+    HookRegistry.register(REQUEST_LEVEL_TARGET, _request_level, HookType.AFTER)
+    for target in TARGETS:
+        HookRegistry.register(target, asks_capture.before_forward(_layers_of), HookType.BEFORE)
+
+
+def _layers_of(model) -> tuple[int, ...]:
+    return _live_state[0].gate.layers if _live_state else ()

@@ -1,0 +1,199 @@
+"""ASKS in the real engine: identity at tau = 1, exact reuse when it adopts, reports, no leaks.
+
+Engines, one at a time beside the session's stock engine: ASKS at tau = 1 (must equal stock),
+then ASKS at its calibrated defaults with a small KV pool (so a run of several problems evicts).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from programs.datasets import load
+from programs.paraphrase_sc import branch_program, exemplars_for, solve
+from programs.paraphrases import EVAL
+from programs.sampling import SamplingConfig
+from programs.sc import branch_seed, solve_batch as sc_solve_batch
+from rksc_sgl import RkscConfig
+from rksc_sgl.protocol import ASKS_KEY
+from tests.integration.kv import assert_no_kv_leak, wait_until_idle
+
+pytestmark = pytest.mark.integration
+
+CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed=3)
+SHOTS = 3
+ENGINES = {
+    "tau1": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_tau=1.0)),
+    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True)),
+}
+
+
+class Engines:
+    def __init__(self) -> None:
+        self.name, self.backend = None, None
+
+    def get(self, name: str):
+        if name != self.name:
+            self.close()
+            from rksc_sgl.engine import launch_engine
+            from rksc_sgl.frontend import EngineBackend
+
+            self.backend = EngineBackend(launch_engine(log_level="error", **ENGINES[name]))
+            self.name = name
+        return self.backend
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.shutdown()
+        self.name, self.backend = None, None
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pool = Engines()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def problems():
+    everything = load("gsm8k")
+    return everything[:6], tuple(everything[-200:])
+
+
+def asks_stats(backend) -> dict:
+    return backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]
+
+
+def run_programs(backend, problems) -> dict:
+    """Paraphrase SC, SC and diverse SC on one problem each, from an empty cache."""
+    tests, pool = problems
+    out = {}
+    backend.flush_cache()
+    backend.reset_counters()
+    result = solve(tests[0], 0, exemplars_for(tests[0], pool, SHOTS), CONFIG, backend)
+    out["paraphrase-sc"] = ([b.text for b in result.branches], [b.asks for b in result.branches],
+                            backend.reset_counters())
+    for name, diverse in (("sc", False), ("diverse-sc", True)):
+        backend.flush_cache()
+        results = sc_solve_batch(tests[1:2], CONFIG, backend, progress_bar=False, exemplars=pool[:2], diverse=diverse)
+        out[name] = ([b.text for b in results[0].branches], backend.reset_counters())
+    return out
+
+
+@pytest.fixture(scope="module")
+def stock_runs(engine_backend, problems):
+    return run_programs(engine_backend, problems)
+
+
+class TestTauOneIsStock:
+    @pytest.mark.parametrize("program", ["paraphrase-sc", "sc", "diverse-sc"])
+    def test_outputs_and_token_counts_equal_stock(self, engines, stock_runs, problems, program):
+        if not hasattr(self.__class__, "_runs"):
+            self.__class__._runs = run_programs(engines.get("tau1"), problems)
+        ours, stock = self._runs[program], stock_runs[program]
+        assert ours[0] == stock[0]  # every branch's text
+        assert ours[-1] == stock[-1]  # requests, prompt, cached and completion tokens
+        if program == "paraphrase-sc":
+            assert ours[1] == [None] * CONFIG.num_branches  # no decision, no report at tau = 1
+
+
+@pytest.fixture(scope="module")
+def adopted(engines, problems):
+    backend = engines.get("asks")
+    backend.flush_cache()
+    tests, pool = problems
+    exemplars = exemplars_for(tests[0], pool, SHOTS)
+    return backend, tests[0], exemplars, solve(tests[0], 0, exemplars, CONFIG, backend)
+
+
+class TestAdoption:
+    def test_paraphrased_branches_adopt_branch_zero_wording_and_reuse_its_kv(self, adopted):
+        backend, _, _, result = adopted
+        reports = [b.asks for b in result.branches]
+        assert not reports[0]["adopted"]  # branch 0's own full prompt is cached: nothing to adopt
+        for report in reports[1:]:
+            assert report["adopted"] and report["sigma"] >= report["tau"], report
+            assert report["reused_tokens"] > 300, report  # the exemplars and question, not recomputed
+        stats = asks_stats(backend)
+        assert stats["adopted"] >= CONFIG.num_branches - 1 and stats["background"]
+        assert stats["signature_bytes"] == stats["live_signature_bytes"] > 0
+        assert_no_kv_leak(backend)
+
+    def test_adopted_branch_equals_stock_run_on_the_donor_wording(self, adopted, engine_backend):
+        _, problem, exemplars, result = adopted
+        from programs.sc import user_prompt
+
+        for b in (1, 3):
+            state = branch_program.run(system=EVAL.paraphrases[0], prompt=user_prompt(problem, exemplars),
+                                       gen_tokens=CONFIG.max_new_tokens, gen_temperature=CONFIG.temperature,
+                                       seed=branch_seed(CONFIG.seed, 0, b), backend=engine_backend)
+            assert state.ret_value[0] == result.branches[b].text
+
+    def test_runtime_sigma_matches_the_calibration_computation(self, adopted):
+        """The same gate on transformers' hidden states of the same spans (how the defaults were
+        chosen) gives the sigma the runtime reported: capture and background are the calibrated ones."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from benchmarks.calibrate_asks import signatures
+        from radix_ext import asks_background
+        from radix_ext.asks_gate import layer_weights, similarity
+        from rksc_sgl.config import parse_layers
+        from rksc_sgl.model_cache import default_model_path
+
+        _, _, _, result = adopted
+        report = result.branches[1].asks
+        assert report["span_start"] == 3  # paraphrases 0 and 1 part right after the system header
+        path = default_model_path()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        config = RkscConfig()
+        layers = parse_layers(config.asks_layers, model.config.num_hidden_layers)
+        sig = signatures(model, AutoTokenizer.from_pretrained(path), list(EVAL.paraphrases[:2]))
+        background = asks_background.load("auto", asks_background.fingerprint(model.model.norm.weight), layers)
+        index = [layer - 1 for layer in layers]
+        expected = similarity(sig[0][index], sig[1][index],
+                              layer_weights(layers, model.config.num_hidden_layers, config.asks_alpha), background)
+        assert report["sigma"] == pytest.approx(expected, abs=2e-3)
+
+    def test_control_instruction_is_not_adopted(self, adopted):
+        backend = adopted[0]
+        head, suffix = backend.chat_template.get_prefix_and_suffix("system", [])
+        tail = f"{suffix}A request that only checks how the cache treats two different system messages."
+        backend.prefill(head + EVAL.controls[1])
+        backend.prefill(head + EVAL.controls[1] + tail)
+        report = backend.prefill(head + EVAL.paraphrases[1] + tail)[ASKS_KEY][0]
+        assert report["outcome"] == "gate" and report["sigma"] < report["tau"], report
+
+    def test_request_can_opt_out(self, adopted):
+        backend, problem, exemplars, _ = adopted
+        from programs.paraphrase_sc import prompt_text
+        from programs.sc import user_prompt
+
+        text = prompt_text(backend.chat_template, EVAL.paraphrases[2], user_prompt(problem, exemplars))
+        meta = backend.prefill(text, custom_params={ASKS_KEY: {"enabled": False}})
+        assert meta[ASKS_KEY][0]["outcome"] == "skipped:opted-out"
+        assert meta["prompt_tokens"] == len(backend.token_ids(text))  # as sent
+
+    def test_malformed_option_is_rejected_naming_the_field(self, adopted):
+        backend = adopted[0]
+        with pytest.raises(Exception, match="custom_params.rksc_asks.enabled"):
+            backend.prefill("Hello", custom_params={ASKS_KEY: {"enabled": "yes"}})
+
+    def test_no_leak_under_eviction_pressure(self, adopted, problems):
+        """Six problems at once in a 1,500-token pool: donors get evicted between decisions and
+        admissions; every request completes, the pool balances, signature bytes match live nodes."""
+        backend = adopted[0]
+        tests, pool = problems
+        evicted_before = backend.kv_pool()["evicted_tokens"]
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            futures = [ex.submit(solve, p, i, exemplars_for(p, pool, SHOTS), CONFIG, backend)
+                       for i, p in enumerate(tests)]
+            results = [f.result() for f in futures]
+        assert all(len(r.branches) == CONFIG.num_branches for r in results)
+        wait_until_idle(backend)
+        assert backend.kv_pool()["evicted_tokens"] > evicted_before
+        assert_no_kv_leak(backend)
+        stats = asks_stats(backend)
+        assert stats["signature_bytes"] == stats["live_signature_bytes"]

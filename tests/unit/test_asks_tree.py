@@ -1,0 +1,236 @@
+"""ASKS on a simulated tree: signature lifetime (split, evict, reset, cap) and decisions.
+
+Requests go through the real ``RkscRadixCache.checkpoint`` over fake pools, as in
+``test_backend_tree``; a span commit's signature is what ``radix_ext.asks_capture`` would leave
+on the request after its prefill.
+"""
+
+from __future__ import annotations
+
+import types
+from array import array
+
+import pytest
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from radix_ext import asks, asks_capture, stats
+from radix_ext.asks import SIG_ATTR, AsksState, decide
+from radix_ext.asks_gate import Gate
+from radix_ext.backend import RkscRadixCache, asks_state
+from rksc_sgl.config import RkscConfig
+from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish, run_request
+
+LAYERS = (1, 2)
+HEAD = [1, 2, 3]
+SPAN_A = [10, 11, 12, 13]
+SPAN_B = [20, 21, 22]  # means the same as A
+SPAN_C = [30, 31, 32]  # does not
+SPAN_A2 = [10, 14, 15]  # shares its first token with A, means the same
+TAIL = list(range(40, 50))
+
+torch.manual_seed(0)
+MEANING = torch.randn(len(LAYERS), 8)
+OTHER = torch.randn(len(LAYERS), 8)
+
+
+def make(tau: float = 0.9, min_tail: int = 4, cap_bytes: int = 1 << 20) -> RkscRadixCache:
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    params = CacheInitParams(disable=False, req_to_token_pool=FakeReqToTokenPool(),
+                             token_to_kv_pool_allocator=FakeAllocator(), page_size=1, eviction_policy="lru")
+    gate = Gate(tau=tau, alpha=1.0, layers=LAYERS, num_layers=2)
+    return RkscRadixCache(params, asks=AsksState(gate, min_tail, cap_bytes))
+
+
+def commit_span(cache, prefix: list[int], span: list[int], meaning: torch.Tensor):
+    """A prefill-only span commit whose prefill left a signature of ``meaning`` (plus noise)."""
+    req = admit(cache, prefix + span)
+    pending = asks_capture._Pending(req, 0, req.prefix_len, len(prefix) + len(span) - req.prefix_len, LAYERS)
+    pending.vectors = list(meaning + 0.01 * torch.randn_like(meaning))
+    setattr(req, asks_capture.PENDING_ATTR, pending)
+    return finish(cache, req)
+
+
+def setup_tree(cache):
+    run_request(cache, HEAD)
+    commit_span(cache, HEAD, SPAN_A, MEANING)
+    commit_span(cache, HEAD, SPAN_B, MEANING)
+    commit_span(cache, HEAD, SPAN_C, OTHER)
+    run_request(cache, HEAD + SPAN_A + TAIL)  # the donor's full prompt
+
+
+def signed_nodes(cache):
+    out, stack = [], list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        if getattr(node, SIG_ATTR, None) is not None:
+            out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
+def snapshot(cache):
+    """Everything a read-only walk must leave alone."""
+    out, stack = [], [cache.root_node]
+    while stack:
+        node = stack.pop()
+        out.append((id(node), tuple(node.key.token_ids), node.last_access_time, node.lock_ref,
+                    tuple(sorted(id(c) for c in node.children.values()))))
+        stack.extend(node.children.values())
+    return sorted(out), cache.evictable_size_, cache.protected_size_
+
+
+class TestDecisions:
+    def test_equivalent_span_adopts_the_donor_wording(self):
+        cache = make()
+        setup_tree(cache)
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        assert decision.adopted and decision.sigma > 0.9
+        assert ids == HEAD + SPAN_A + TAIL
+        assert (decision.span_start, decision.own_length, decision.donor_length) == (3, 3, 4)
+
+    def test_non_equivalent_span_is_rejected_by_the_gate(self):
+        cache = make()
+        setup_tree(cache)
+        decision, ids = decide(cache, HEAD + SPAN_C + TAIL, cache.asks.gate, cache.asks.min_tail)
+        assert decision.outcome == "gate" and ids is None and decision.candidates == 1
+
+    def test_tau_one_never_adopts_even_identical_meaning(self):
+        cache = make(tau=1.0)
+        setup_tree(cache)
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        assert not decision.adopted and ids is None
+
+    def test_donor_must_continue_with_our_tail_for_min_tail_tokens(self):
+        cache = make(min_tail=4)
+        setup_tree(cache)
+        other_tail = TAIL[:3] + [99] * 7  # shares 3 < 4 tokens
+        decision, ids = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 4)
+        assert decision.outcome == "no-donor" and ids is None
+        decision, _ = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 3)
+        assert decision.adopted
+
+    def test_request_without_a_signed_span_or_tail_has_nothing_to_decide(self):
+        cache = make()
+        setup_tree(cache)
+        assert decide(cache, HEAD + [77, 78] + TAIL, cache.asks.gate, 4)[0].outcome == "no-span"
+        assert decide(cache, HEAD + SPAN_B + TAIL[:2], cache.asks.gate, 4)[0].outcome == "no-span"
+
+    def test_span_sharing_leading_tokens_with_the_donor_replaces_only_where_it_diverged(self):
+        cache = make()
+        setup_tree(cache)
+        commit_span(cache, HEAD, SPAN_A2, MEANING)  # its commit found HEAD + [10] cached
+        decision, ids = decide(cache, HEAD + SPAN_A2 + TAIL, cache.asks.gate, cache.asks.min_tail)
+        assert decision.adopted and decision.span_start == 4
+        assert ids == HEAD + SPAN_A + TAIL
+
+    def test_decision_is_read_only(self):
+        cache = make()
+        setup_tree(cache)
+        before = snapshot(cache)
+        for prompt in (HEAD + SPAN_B + TAIL, HEAD + SPAN_C + TAIL, HEAD + SPAN_A[:2] + TAIL):
+            decide(cache, prompt, cache.asks.gate, cache.asks.min_tail)
+        assert snapshot(cache) == before
+
+    def test_adopted_request_matches_the_donor_path_and_a_later_evicted_donor_costs_only_reuse(self):
+        cache = make()
+        setup_tree(cache)
+        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        req = admit(cache, ids)
+        assert req.prefix_len == len(ids) - 1  # donor span and tail served from the cache
+        finish(cache, req, [7, 8])
+        # decided, then the donor evicted before admission: the request computes it itself
+        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        cache.evict(EvictParams(num_tokens=10_000))
+        req = admit(cache, ids)
+        assert req.prefix_len < len(HEAD) + len(SPAN_A)
+        finish(cache, req)
+        assert cache.asks.counters.signature_bytes == stats.live_signature_bytes(cache)
+
+
+class TestSignatureLifetime:
+    def test_signature_sits_on_the_node_ending_at_the_span_end(self):
+        cache = make()
+        setup_tree(cache)
+        ends = sorted(getattr(n, SIG_ATTR).end for n in signed_nodes(cache))
+        assert ends == [6, 6, 7]  # B and C end at 6, A at 7
+        assert cache.asks.counters.signatures == 3
+        assert cache.asks.counters.signature_bytes == stats.live_signature_bytes(cache) > 0
+
+    def test_split_leaves_the_signature_on_the_lower_half_only(self):
+        cache = make()
+        setup_tree(cache)
+        run_request(cache, HEAD + SPAN_A[:2] + [99])  # splits A's node after two of its tokens
+        a_nodes = [n for n in signed_nodes(cache) if getattr(n, SIG_ATTR).end == 7]
+        assert len(a_nodes) == 1 and list(a_nodes[0].key.token_ids) == SPAN_A[2:]
+        assert getattr(a_nodes[0].parent, SIG_ATTR, None) is None
+        assert cache.asks.counters.signature_bytes == stats.live_signature_bytes(cache)
+
+    def test_eviction_and_reset_release_signature_bytes(self):
+        cache = make()
+        setup_tree(cache)
+        cache.evict(EvictParams(num_tokens=10_000))
+        assert cache.asks.counters.signatures == 0 and cache.asks.counters.signature_bytes == 0
+        setup_tree(cache)
+        cache.reset()
+        assert cache.asks.counters.signatures == 0 and stats.live_signature_bytes(cache) == 0
+
+    def test_cap_stops_capture_and_counts_it(self):
+        one = 2 * 8 * 2  # two layers x 8 dims x fp16
+        cache = make(cap_bytes=2 * one)
+        setup_tree(cache)
+        assert cache.asks.counters.signatures == 2 and cache.asks.counters.signatures_over_cap == 1
+
+    def test_recommitting_a_signed_span_keeps_the_first_signature(self):
+        cache = make()
+        setup_tree(cache)
+        first = {id(n): getattr(n, SIG_ATTR) for n in signed_nodes(cache)}
+        commit_span(cache, HEAD, SPAN_B, OTHER)
+        assert {id(n): getattr(n, SIG_ATTR) for n in signed_nodes(cache)} == first
+
+
+class TestScheduler:
+    def test_tensor_parallel_asks_is_refused_naming_the_flags(self):
+        ctx = types.SimpleNamespace(tp_size=2)
+        with pytest.raises(ValueError, match="--asks needs --tp-size 1"):
+            asks_state(ctx, RkscConfig(asks=True))
+
+    @pytest.mark.parametrize("attr,value,why", [
+        ("custom_params", {"rksc_asks": {"enabled": False}}, "opted-out"),
+        ("logprob_start_len", 0, "input-logprobs"),
+        ("input_embeds", [[0.0]], "embeddings"),
+    ])
+    def test_skipped_requests_keep_their_prompt(self, attr, value, why):
+        cache = make()
+        setup_tree(cache)
+        req = types.SimpleNamespace(
+            rid="r", origin_input_ids=array("q", HEAD + SPAN_B + TAIL), extra_key=None, cache_salt=None,
+            sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
+            input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
+            multi_item_delimiter_indices=None)
+        req.origin_input_ids_unpadded = req.origin_input_ids
+        recv = types.SimpleNamespace(return_logprob=attr == "logprob_start_len", logprob_start_len=-1,
+                                     mm_inputs=None, session_params=None)
+        target = {"custom_params": req.sampling_params, "logprob_start_len": recv}.get(attr, req)
+        setattr(target, attr, value)
+        scheduler = types.SimpleNamespace(tree_cache=cache, model_config=types.SimpleNamespace(context_len=8192))
+        asks._on_create(req, scheduler, recv)
+        decision = getattr(req, asks.DECISION_ATTR)
+        assert decision.outcome == f"skipped:{why}" and list(req.origin_input_ids) == HEAD + SPAN_B + TAIL
+
+    def test_created_request_adopts_and_keeps_unpadded_ids_in_step(self):
+        cache = make()
+        setup_tree(cache)
+        req = types.SimpleNamespace(
+            rid="r", origin_input_ids=array("q", HEAD + SPAN_B + TAIL), extra_key=None, cache_salt=None,
+            sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
+            input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
+            multi_item_delimiter_indices=None)
+        req.origin_input_ids_unpadded = req.origin_input_ids
+        recv = types.SimpleNamespace(return_logprob=True, logprob_start_len=-1, mm_inputs=None, session_params=None)
+        scheduler = types.SimpleNamespace(tree_cache=cache, model_config=types.SimpleNamespace(context_len=8192))
+        asks._on_create(req, scheduler, recv)
+        assert list(req.origin_input_ids) == HEAD + SPAN_A + TAIL
+        assert req.origin_input_ids_unpadded is req.origin_input_ids
+        assert cache.asks.counters.adopted == 1 and cache.asks.counters.requests == 1

@@ -119,19 +119,22 @@ def asks_table(rows: list[dict]) -> list[str]:
            "output columns):", "",
            "| dataset | mode | substituted branches | prefill tokens x exact | reused tokens | wall x exact "
            "| branch answer agrees | ROUGE-L vs own wording | ROUGE-L two seeds, one prompt | first-token KL "
-           "| mean abs dlogprob (16) | control false accepts (probed pairs) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| mean abs dlogprob (16) | control false accepts (probed pairs) | ASKS scheduler time, % of wall |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:
         ref = exact.get(r["dataset"])
         prefill = r["prefill_tokens"] / ref["prefill_tokens"] if ref and ref.get("prefill_tokens") else None
         far = r.get("asks_false_accept_rate")
         probed = f"{far:.3f} ({r.get('asks_control_probed')} of {r.get('asks_control_pairs')})" if far is not None else "-"
+        overhead = r.get("asks_overhead_s")
+        overhead = None if overhead is None or not r.get("wall_s") else 100 * overhead / r["wall_s"]
         out.append(
             f"| {r['dataset']} | {r['mode']} | {_fmt(r.get('asks_substituted_branches'), 'd')} | {_fmt(prefill, '.2f')} "
             f"| {_fmt(r.get('asks_reused_tokens'), 'd')} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
             f"| {_fmt(r.get('branch_answer_agreement_vs_exact'), '.2f')} "
             f"| {_fmt(r.get('asks_rouge_l_vs_own_wording'), '.3f')} | {_fmt(r.get('asks_rouge_l_two_seeds_one_prompt'), '.3f')} "
-            f"| {_fmt(r.get('asks_first_token_kl'), '.3f')} | {_fmt(r.get('asks_mean_abs_dlogprob_16'), '.3f')} | {probed} |")
+            f"| {_fmt(r.get('asks_first_token_kl'), '.3f')} | {_fmt(r.get('asks_mean_abs_dlogprob_16'), '.3f')} | {probed} "
+            f"| {_fmt(overhead, '.2f')} |")
     return out
 
 

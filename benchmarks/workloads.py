@@ -117,12 +117,16 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
     pool = tuple(everything[-EXEMPLAR_POOL:])
     if {p.id for p in pool} & {p.id for p in problems}:
         raise ValueError("paraphrase-sc: the exemplar pool overlaps the evaluated problems; lower --limit")
+    asks_on = "asks" in mode.mechanisms
+    before = _asks_seconds(backend) if asks_on else 0.0
     results = solve_batch(problems, pool, settings.shots, settings, backend)
     reports = [b.asks for r in results for b in r.branches if b.asks]
     stats = {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
              "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}
+    if asks_on:  # scheduler time in ASKS's decisions and signature capture during the run
+        stats["asks_overhead_s"] = round(_asks_seconds(backend) - before, 3)
     reference_s = 0.0
-    if "asks" in mode.mechanisms:
+    if asks_on:
         t0 = time.perf_counter()
         stats.update(control_probe(backend))
         reference_s = time.perf_counter() - t0
@@ -130,6 +134,11 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
                        [[b.answer for b in r.branches] for r in results],
                        [[digest(b.text) for b in r.branches] for r in results], stats,
                        reference_s=reference_s, details=results)
+
+
+def _asks_seconds(backend) -> float:
+    stats = backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]
+    return stats["decision_seconds"] + stats["capture_seconds"]
 
 
 WORKLOADS: dict[str, Workload] = {

@@ -14,7 +14,8 @@ splits, locks or access-time updates):
    (``radix_ext.asks_capture``) are its own spans, deepest first, each with tokens after it;
 2. donors of a span [s, e) (``s``: where its commit left the cached prefix): other signed nodes
    below position ``s`` of the path (so they share ``ids[:s]``), outside the span's own subtree,
-   ending at most ``MAX_SPAN_TOKENS`` after ``s``, whose subtree continues with the request's
+   ending at most ``max(MIN_REACH, SPAN_REACH * (e - s))`` tokens after ``s``, whose subtree
+   continues with the request's
    ``ids[e:]`` for at least ``asks_min_tail`` tokens; a donor replaces ``ids[s:e]`` with its
    path's tokens from ``s`` to its end;
 3. the gate (``radix_ext.asks_gate``) on the own and each donor signature; the passing donor with
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from array import array
 from typing import Any
 
@@ -43,7 +45,10 @@ logger = logging.getLogger(__name__)
 
 SIG_ATTR = "rksc_asks_signature"  # on a TreeNode: the Signature of the span ending at its end
 DECISION_ATTR = "rksc_asks_decision"  # on a Req: its Decision
-MAX_SPAN_TOKENS = 512  # donor spans are searched this far below the span start
+# Donor spans are searched this far below the span start: SPAN_REACH times the own span's length,
+# at least MIN_REACH tokens (a donor far longer than the span is no paraphrase of it, and the
+# bound keeps the walk out of the long prompts below the spans).
+SPAN_REACH, MIN_REACH = 4, 64
 CREATE_REQ = exit_requests.CREATE_REQ
 ACCEPT_TARGET = ("sglang.srt.managers.scheduler_components.output_streamer."
                  "_GenerationStreamAccumulator.accept")
@@ -87,6 +92,7 @@ class Counters:
     signatures: int = 0
     signature_bytes: int = 0
     signatures_over_cap: int = 0
+    decision_seconds: float = 0.0  # scheduler time spent deciding (the gate's overhead)
 
     def count(self, decision: Decision) -> None:
         self.requests += 1
@@ -130,10 +136,10 @@ def matched_below(node, key, pos: int, page_size: int = 1, enough: int | None = 
     return matched
 
 
-def donors(root, path: list[tuple[Any, int, int]], own, start: int) -> list[tuple[Any, list[int]]]:
+def donors(root, path: list[tuple[Any, int, int]], own, start: int, reach: int) -> list[tuple[Any, list[int]]]:
     """Signed nodes below position ``start`` of the request's path (so sharing ``ids[:start]``),
-    outside ``own``'s subtree and ending at most ``MAX_SPAN_TOKENS`` after ``start``, each with
-    its path's tokens from ``start`` to its end (what would replace the own span)."""
+    outside ``own``'s subtree and ending at most ``reach`` tokens after ``start``, each with its
+    path's tokens from ``start`` to its end (what would replace the own span)."""
     roots: list[tuple[Any, int]] = [(c, 0) for c in root.children.values()] if start == 0 else []
     for node, a, b in path:
         if b == start:
@@ -147,9 +153,11 @@ def donors(root, path: list[tuple[Any, int, int]], own, start: int) -> list[tupl
             continue
         b = a + len(node.key)
         tokens = tokens + list(node.key.token_ids[max(0, start - a): len(node.key)])
+        if b - start > reach:
+            continue
         if getattr(node, SIG_ATTR, None) is not None and b > start:
             found.append((node, tokens))
-        if b - start < MAX_SPAN_TOKENS:
+        if b - start < reach:
             stack.extend((child, b, tokens) for child in node.children.values())
     return found
 
@@ -167,7 +175,8 @@ def decide(cache, ids, gate: Gate, min_tail: int, *, extra_key=None, cache_salt=
     for node, _a, end in reversed(spans):
         own: Signature = getattr(node, SIG_ATTR)
         s = own.start
-        candidates = [(d, toks) for d, toks in donors(cache.root_node, path, node, s)
+        reach = max(MIN_REACH, SPAN_REACH * (end - s))
+        candidates = [(d, toks) for d, toks in donors(cache.root_node, path, node, s, reach)
                       if matched_below(d, key, end, page, enough=min_tail) >= min_tail]
         if not candidates:
             continue
@@ -211,12 +220,21 @@ def _on_create(req, scheduler, recv_req, *args, **kwargs):
     cache = scheduler.tree_cache
     if not isinstance(cache, RkscRadixCache) or cache.asks is None or cache.disable:
         return None
+    started = time.perf_counter()
+    try:
+        _decide_on_create(req, scheduler, recv_req, cache)
+    finally:
+        cache.asks.counters.decision_seconds += time.perf_counter() - started
+    return None
+
+
+def _decide_on_create(req, scheduler, recv_req, cache) -> None:
     state = cache.asks
     reason = _skip_reason(req, recv_req)
     if reason is None and req.sampling_params.max_new_tokens == 0:
         asks_capture.register(req)  # a span commit: its prefill leaves a signature
     if state.gate.tau >= 1.0:
-        return None  # tau = 1: stock SGLang exactly (no decision, no report)
+        return  # tau = 1: stock SGLang exactly (no decision, no report)
     if reason is not None:
         decision, new_ids = Decision(f"skipped:{reason}", state.gate.tau), None
     else:
@@ -236,7 +254,6 @@ def _on_create(req, scheduler, recv_req, *args, **kwargs):
             req.origin_input_ids_unpadded = req.origin_input_ids
     state.counters.count(decision)
     setattr(req, DECISION_ATTR, decision)
-    return None
 
 
 def _report(accumulator, *args, req=None, **kwargs):

@@ -19,6 +19,7 @@ chunk would not describe it. Neither does a commit that computes fewer than ``MI
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -32,6 +33,7 @@ HOOKED_ATTR = "_rksc_asks_hooked"  # on a model: its layer hooks are registered
 # A commit of a span that is already cached computes only its last token: that is no span.
 MIN_SPAN_TOKENS = 2
 
+CAPTURE_SECONDS = [0.0]  # time spent pooling signatures in this process (read by radix_ext.stats)
 # rid -> Req of every live prefill-only request whose span is to be captured.
 _capturing: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
@@ -118,10 +120,12 @@ def _pool_hook(slot: int):
             return None
         from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
+        started = time.perf_counter()
         state = residual_batch.snapshot(output, forward_batch)  # [tokens, hidden], a copy
         for item in items:
             span = state[item.offset: item.offset + item.length]
             item.vectors[slot] = span.float().mean(dim=0).cpu()
+        CAPTURE_SECONDS[0] += time.perf_counter() - started
         return None
 
     return hook

@@ -10,6 +10,8 @@ radix cache is built, so registrations made here are visible where the cache is 
   sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
   scheduler error;
 * the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``);
+* a refusal (HTTP 400) of empty prompts, which kill stock SGLang's CPU scheduler
+  (``radix_ext.request_guards``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
 * with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``).
@@ -42,6 +44,9 @@ def load() -> None:
     register_backend()
     HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
     stats.install()
+    from radix_ext import request_guards  # requests that would kill SGLang's CPU scheduler
+
+    request_guards.install()
     from radix_ext import cpu_attention  # attention backend "rksc_cpu": batched CPU decode
 
     cpu_attention.install()

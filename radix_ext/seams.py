@@ -9,7 +9,7 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import asks, early_exit, exit_requests, introspection, plugin, sampler
+    from radix_ext import asks, early_exit, exit_requests, introspection, plugin, request_guards, sampler
 
     return {
         "plugin": (
@@ -19,6 +19,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.mem_cache.registry.get_radix_cache_factory",
             "sglang.srt.arg_groups.choices.RADIX_EVICTION_POLICY_CHOICES",
             "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices",
+            request_guards.VALIDATE_TARGET,
         ),
         "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),
         "RSBCM backend": (

@@ -64,7 +64,9 @@ def cache_stats(cache) -> dict[str, Any]:
         stats["score_reports"] = cache.score_reports
         stats["nodes"] = node_metadata(cache)
         if cache.asks is not None:
-            stats["asks"] = {**dataclasses.asdict(cache.asks.counters),
+            from radix_ext.asks_capture import CAPTURE_SECONDS
+
+            stats["asks"] = {**dataclasses.asdict(cache.asks.counters), "capture_seconds": CAPTURE_SECONDS[0],
                              "live_signature_bytes": live_signature_bytes(cache),
                              "tau": cache.asks.gate.tau, "layers": list(cache.asks.gate.layers),
                              "background": cache.asks.gate.background is not None}

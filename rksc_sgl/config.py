@@ -89,6 +89,24 @@ class RkscConfig:
         return cls(**values)
 
 
+def check_server_args(config: RkscConfig, server: dict[str, Any]) -> None:
+    """Conflicts between our options and SGLang ``ServerArgs`` fields (``server``: the fields given,
+    by name), raised as ValueError naming both flags before any model loads."""
+    policy = server.get("radix_eviction_policy")
+    if config.rsbcm and policy not in (None, "lru", "rsbcm"):
+        raise ValueError(f"--rsbcm conflicts with --radix-eviction-policy {policy}; drop one of them")
+    mine = [flag for flag, on in (("--rsbcm", config.rsbcm), ("--asks", config.asks)) if on]
+    if mine and server.get("disable_radix_cache"):
+        raise ValueError(f"{' and '.join(mine)} need the radix cache; drop --disable-radix-cache")
+    backend = server.get("radix_cache_backend")
+    if mine and backend not in (None, BACKEND_NAME):
+        raise ValueError(f"{' and '.join(mine)} run in --radix-cache-backend {BACKEND_NAME}, not {backend}")
+    tp = server.get("tp_size")
+    if config.asks and tp is not None and int(tp) > 1:
+        raise ValueError(f"--asks needs --tp-size 1 (got {tp}): each rank would decide on its own shard's "
+                         "hidden states, and ranks could disagree on a request's prompt")
+
+
 def _check_cgee(config: RkscConfig) -> None:
     for name in ("cgee_tau_conf", "cgee_margin", "cgee_theta", "cgee_epsilon"):
         value = getattr(config, name)

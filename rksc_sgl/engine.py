@@ -16,7 +16,7 @@ import functools
 import os
 from typing import Any, Iterator
 
-from rksc_sgl.config import RkscConfig
+from rksc_sgl.config import RkscConfig, check_server_args
 from rksc_sgl.model_cache import resolve_model_path
 
 # Settings for SGLang's CPU path on a 2-core AVX2 machine. float32 was chosen by measurement
@@ -68,6 +68,7 @@ def launch_engine(model_path: str | None = None, rksc: RkscConfig | None = None,
     ``overrides`` are SGLang ``ServerArgs`` fields (``max_total_tokens=...``, ``disable_radix_cache=True``).
     """
     rksc = rksc or RkscConfig()
+    check_server_args(rksc, overrides)  # ValueError naming both flags, before anything starts
     kwargs = engine_kwargs(model_path, **{**rksc.server_overrides(), **overrides})
     prepare_environment(kwargs, rksc)
     with _own_event_loop():

@@ -15,7 +15,7 @@ import os
 import dataclasses
 import sys
 
-from rksc_sgl.config import RkscConfig, flag_name
+from rksc_sgl.config import RkscConfig, check_server_args, flag_name
 from rksc_sgl.engine import CPU_DEFAULTS, prepare_environment, resolve_model_path
 
 
@@ -37,9 +37,22 @@ def split_args(argv: list[str]) -> tuple[RkscConfig, list[str]]:
     ours, rest = parser.parse_known_args(argv)
     try:
         config = RkscConfig(**vars(ours))
+        check_server_args(config, server_fields(rest))
     except ValueError as e:
         parser.error(str(e))
     return config, rest
+
+
+def server_fields(argv: list[str]) -> dict[str, object]:
+    """The SGLang fields our options can conflict with, as given in ``argv``."""
+    fields: dict[str, object] = {}
+    for field in ("radix_eviction_policy", "radix_cache_backend", "tp_size", "tp"):
+        value = _value(argv, field)
+        if value:
+            fields["tp_size" if field == "tp" else field] = value
+    if _value(argv, "disable_radix_cache") is not None:
+        fields["disable_radix_cache"] = True
+    return fields
 
 
 def _value(argv: list[str], field: str) -> str | None:

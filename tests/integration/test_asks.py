@@ -15,6 +15,7 @@ from programs.sampling import SamplingConfig
 from programs.sc import branch_seed, solve_batch as sc_solve_batch
 from rksc_sgl import RkscConfig
 from rksc_sgl.protocol import ASKS_KEY
+from tests.integration.engines import Engines
 from tests.integration.kv import assert_no_kv_leak, wait_until_idle
 
 pytestmark = pytest.mark.integration
@@ -27,29 +28,9 @@ ENGINES = {
 }
 
 
-class Engines:
-    def __init__(self) -> None:
-        self.name, self.backend = None, None
-
-    def get(self, name: str):
-        if name != self.name:
-            self.close()
-            from rksc_sgl.engine import launch_engine
-            from rksc_sgl.frontend import EngineBackend
-
-            self.backend = EngineBackend(launch_engine(log_level="error", **ENGINES[name]))
-            self.name = name
-        return self.backend
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.shutdown()
-        self.name, self.backend = None, None
-
-
 @pytest.fixture(scope="module")
 def engines():
-    pool = Engines()
+    pool = Engines(ENGINES)
     yield pool
     pool.close()
 

@@ -31,6 +31,15 @@ class TestNativeApi:
         good = generate(server_url, {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
         assert good.status_code == 200
 
+    @pytest.mark.parametrize("body", [{"text": ""}, {"input_ids": []}])
+    def test_empty_prompt_gets_400_and_the_scheduler_survives(self, server_url, body):
+        """Stock SGLang's CPU scheduler dies on a zero-token prefill; ours refuses it first."""
+        bad = generate(server_url, {**body, "sampling_params": {"max_new_tokens": 2}})
+        assert bad.status_code == 400, bad.text
+        assert "prompt is empty" in bad.text
+        good = generate(server_url, {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert good.status_code == 200, good.text
+
     def test_server_info_reports_balanced_kv_pool(self, server_url):
         info = requests.get(f"{server_url}/server_info", timeout=30).json()
         pool = info["internal_states"][0]["rksc_kv_pool"]

@@ -13,6 +13,7 @@ import sglang as sgl
 
 from rksc_sgl import RkscConfig, report_score
 from rksc_sgl.frontend import branch_options
+from tests.integration.engines import Engines
 from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration
@@ -25,31 +26,9 @@ ENGINES = {
 }
 
 
-class Engines:
-    """Starts the engine a test asks for, after shutting down the previous one."""
-
-    def __init__(self) -> None:
-        self.name, self.backend = None, None
-
-    def get(self, name: str):
-        if name != self.name:
-            self.close()
-            from rksc_sgl.engine import launch_engine
-            from rksc_sgl.frontend import EngineBackend
-
-            self.backend = EngineBackend(launch_engine(log_level="error", **ENGINES[name]))
-            self.name = name
-        return self.backend
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.shutdown()
-        self.name, self.backend = None, None
-
-
 @pytest.fixture(scope="module")
 def engines():
-    pool = Engines()
+    pool = Engines(ENGINES)
     yield pool
     pool.close()
 

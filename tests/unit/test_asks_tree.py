@@ -125,6 +125,18 @@ class TestDecisions:
         assert decision.adopted and decision.span_start == 4
         assert ids == HEAD + SPAN_A + TAIL
 
+    def test_donor_spans_far_longer_than_the_own_span_are_not_searched(self):
+        cache = make()
+        run_request(cache, HEAD)
+        long_span = list(range(100, 100 + asks.MIN_REACH + 1))  # 65 tokens > max(64, 4 x 3)
+        commit_span(cache, HEAD, long_span, MEANING)
+        commit_span(cache, HEAD, SPAN_B, MEANING)
+        run_request(cache, HEAD + long_span + TAIL)
+        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)[0].outcome == "no-donor"
+        commit_span(cache, HEAD, SPAN_A, MEANING)
+        run_request(cache, HEAD + SPAN_A + TAIL)
+        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)[0].adopted
+
     def test_decision_is_read_only(self):
         cache = make()
         setup_tree(cache)
@@ -204,17 +216,9 @@ class TestScheduler:
     def test_skipped_requests_keep_their_prompt(self, attr, value, why):
         cache = make()
         setup_tree(cache)
-        req = types.SimpleNamespace(
-            rid="r", origin_input_ids=array("q", HEAD + SPAN_B + TAIL), extra_key=None, cache_salt=None,
-            sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
-            input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
-            multi_item_delimiter_indices=None)
-        req.origin_input_ids_unpadded = req.origin_input_ids
-        recv = types.SimpleNamespace(return_logprob=attr == "logprob_start_len", logprob_start_len=-1,
-                                     mm_inputs=None, session_params=None)
+        req, recv, scheduler = created(cache, HEAD + SPAN_B + TAIL, return_logprob=attr == "logprob_start_len")
         target = {"custom_params": req.sampling_params, "logprob_start_len": recv}.get(attr, req)
         setattr(target, attr, value)
-        scheduler = types.SimpleNamespace(tree_cache=cache, model_config=types.SimpleNamespace(context_len=8192))
         asks._on_create(req, scheduler, recv)
         decision = getattr(req, asks.DECISION_ATTR)
         assert decision.outcome == f"skipped:{why}" and list(req.origin_input_ids) == HEAD + SPAN_B + TAIL
@@ -222,15 +226,22 @@ class TestScheduler:
     def test_created_request_adopts_and_keeps_unpadded_ids_in_step(self):
         cache = make()
         setup_tree(cache)
-        req = types.SimpleNamespace(
-            rid="r", origin_input_ids=array("q", HEAD + SPAN_B + TAIL), extra_key=None, cache_salt=None,
-            sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
-            input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
-            multi_item_delimiter_indices=None)
-        req.origin_input_ids_unpadded = req.origin_input_ids
-        recv = types.SimpleNamespace(return_logprob=True, logprob_start_len=-1, mm_inputs=None, session_params=None)
-        scheduler = types.SimpleNamespace(tree_cache=cache, model_config=types.SimpleNamespace(context_len=8192))
+        req, recv, scheduler = created(cache, HEAD + SPAN_B + TAIL, return_logprob=True)
         asks._on_create(req, scheduler, recv)
         assert list(req.origin_input_ids) == HEAD + SPAN_A + TAIL
         assert req.origin_input_ids_unpadded is req.origin_input_ids
         assert cache.asks.counters.adopted == 1 and cache.asks.counters.requests == 1
+
+
+def created(cache, prompt: list[int], return_logprob: bool = False):
+    """A just-created ``Req`` stand-in (the fields the decision reads), its ``recv_req`` and scheduler."""
+    req = types.SimpleNamespace(
+        rid="r", origin_input_ids=array("q", prompt), extra_key=None, cache_salt=None,
+        sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
+        input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
+        multi_item_delimiter_indices=None)
+    req.origin_input_ids_unpadded = req.origin_input_ids
+    recv = types.SimpleNamespace(return_logprob=return_logprob, logprob_start_len=-1, mm_inputs=None,
+                                 session_params=None)
+    scheduler = types.SimpleNamespace(tree_cache=cache, model_config=types.SimpleNamespace(context_len=8192))
+    return req, recv, scheduler

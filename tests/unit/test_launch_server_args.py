@@ -36,3 +36,30 @@ def test_boolean_options_default_on_can_be_switched_off():
     assert config == RkscConfig(seeded_sampling=False, report_sampling_margins=True)
     assert rest == []
     assert split_args([])[0].seeded_sampling is True
+
+
+@pytest.mark.parametrize("argv,flags", [
+    (["--rsbcm", "--radix-eviction-policy", "lfu"], ["--rsbcm", "--radix-eviction-policy lfu"]),
+    (["--asks", "--disable-radix-cache"], ["--asks", "--disable-radix-cache"]),
+    (["--rsbcm", "--radix-cache-backend=other"], ["--rsbcm", "--radix-cache-backend rksc"]),
+    (["--asks", "--tp-size", "2"], ["--asks", "--tp-size 1"]),
+    (["--asks", "--tp", "2"], ["--asks", "--tp-size 1"]),
+])
+def test_flag_conflicts_exit_with_status_2_before_sglang_starts(capsys, argv, flags):
+    with pytest.raises(SystemExit) as exc:
+        split_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert all(flag in err for flag in flags), err
+
+
+def test_compatible_flags_pass():
+    config, rest = split_args(["--rsbcm", "--radix-eviction-policy", "rsbcm", "--asks", "--tp-size", "1"])
+    assert config.rsbcm and config.asks and rest[-2:] == ["--tp-size", "1"]
+
+
+def test_in_process_engine_refuses_the_same_conflicts_before_starting():
+    from rksc_sgl.engine import launch_engine
+
+    with pytest.raises(ValueError, match="--asks needs --tp-size 1"):
+        launch_engine(rksc=RkscConfig(asks=True), tp_size=2)

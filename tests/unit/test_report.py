@@ -72,10 +72,10 @@ def test_asks_table_reports_prefill_against_exact_and_the_output_measures():
                 "asks_substituted_branches": 7, "asks_reused_tokens": 2800, "asks_rouge_l_vs_own_wording": 0.41,
                 "asks_rouge_l_two_seeds_one_prompt": 0.39, "asks_first_token_kl": 0.12,
                 "asks_mean_abs_dlogprob_16": 0.3, "asks_false_accept_rate": 0.0, "asks_control_probed": 48,
-                "asks_control_pairs": 64, "branch_answer_agreement_vs_exact": 0.5}
+                "asks_control_pairs": 64, "branch_answer_agreement_vs_exact": 0.5, "asks_overhead_s": 1.6}
     for r in base:
         r["prefill_tokens"] = 1000
     text = section(base + [asks_row])
     assert "| gsm8k | asks-only | 7 | 0.25 | 2800 |" in text
-    assert "0.410 | 0.390 | 0.120 | 0.300 | 0.000 (48 of 64) |" in text
+    assert "0.410 | 0.390 | 0.120 | 0.300 | 0.000 (48 of 64) | 1.00 |" in text  # 1.6 s of a 160 s wall
     assert "ASKS" not in section(base)

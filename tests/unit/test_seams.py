@@ -16,7 +16,7 @@ def test_every_client_and_scheduler_seam_resolves():
 
 def test_every_mechanism_lists_its_seams():
     listed = scheduler_seams()
-    assert {"RSBCM backend", "CGEE early exit", "rksc_cpu attention", "seeded sampling"} <= set(listed)
+    assert {"RSBCM backend", "CGEE early exit", "rksc_cpu attention", "seeded sampling", "ASKS"} <= set(listed)
     assert all(listed.values())
 
 
@@ -58,3 +58,17 @@ def test_prefix_len_is_what_the_request_found_cached_when_checkpoint_runs():
 
     assert "req.prefix_len = match_result.device_prefix_len" in inspect.getsource(common.match_kv_cache)
     assert "prefix_len" not in inspect.getsource(RadixCache.checkpoint)
+
+
+def test_a_created_request_is_rewritten_before_sglang_validates_and_sizes_it():
+    """ASKS rewrites ``req.origin_input_ids`` in an AFTER hook of ``_create_generation_req``: SGLang
+    must validate the prompt length and derive the output log-probability start from the
+    request's ids after that call, not from the ids it received."""
+    import inspect
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    source = inspect.getsource(Scheduler)
+    created = source.index("req = self._create_generation_req(")
+    assert created < source.index("error_msg = validate_input_length(", created)
+    assert created < source.index("req.logprob_start_len = len(req.origin_input_ids)", created)

@@ -66,18 +66,17 @@ class Decision:
     donor_length: int | None = None
     candidates: int = 0
     reused_tokens: int = 0  # filled when the request reports: KV served from the donor's side
-    counted: bool = False
+    counted: bool = False  # reported (and its reused tokens counted)
 
     @property
     def adopted(self) -> bool:
         return self.outcome == "adopted"
 
     def report(self) -> dict[str, Any]:
-        out = {"adopted": self.adopted, "outcome": self.outcome, "sigma": self.sigma, "tau": self.tau,
-               "span_start": self.span_start, "own_length": self.own_length,
-               "donor_length": self.donor_length, "candidates": self.candidates,
-               "reused_tokens": self.reused_tokens}
-        return out
+        return {"adopted": self.adopted, "outcome": self.outcome, "sigma": self.sigma, "tau": self.tau,
+                "span_start": self.span_start, "own_length": self.own_length,
+                "donor_length": self.donor_length, "candidates": self.candidates,
+                "reused_tokens": self.reused_tokens}
 
 
 @dataclasses.dataclass
@@ -152,9 +151,9 @@ def donors(root, path: list[tuple[Any, int, int]], own, start: int, reach: int) 
         if node is own:
             continue
         b = a + len(node.key)
-        tokens = tokens + list(node.key.token_ids[max(0, start - a): len(node.key)])
         if b - start > reach:
             continue
+        tokens = tokens + list(node.key.token_ids[max(0, start - a): len(node.key)])
         if getattr(node, SIG_ATTR, None) is not None and b > start:
             found.append((node, tokens))
         if b - start < reach:
@@ -257,16 +256,17 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
 
 
 def _report(accumulator, *args, req=None, **kwargs):
-    """BEFORE the output accumulator takes a request: its decision into ``customized_info``."""
+    """BEFORE the output accumulator takes a request: its decision into ``customized_info``, once,
+    when SGLang emits request-level keys (a streamed request's first chunk, else at its finish),
+    so decoding steps in between pay one attribute check."""
     decision: Decision | None = getattr(req, DECISION_ATTR, None)
-    if decision is None:
+    if decision is None or decision.counted or not (req.stream or req.finished()):
         return None
+    decision.counted = True
     if decision.adopted:
         decision.reused_tokens = max(0, req.cached_tokens - decision.span_start)
-    if req.finished() and not decision.counted:
-        decision.counted = True
-        if _live_state:
-            _live_state[0].counters.reused_tokens += decision.reused_tokens
+    if _live_state:
+        _live_state[0].counters.reused_tokens += decision.reused_tokens
     if req.customized_info is None:
         req.customized_info = {}
     req.customized_info[ASKS_KEY] = [decision.report()]

@@ -66,12 +66,15 @@ def stock_runs(engine_backend, problems):
     return run_programs(engine_backend, problems)
 
 
+@pytest.fixture(scope="module")
+def tau1_runs(engines, problems):
+    return run_programs(engines.get("tau1"), problems)
+
+
 class TestTauOneIsStock:
     @pytest.mark.parametrize("program", ["paraphrase-sc", "sc", "diverse-sc"])
-    def test_outputs_and_token_counts_equal_stock(self, engines, stock_runs, problems, program):
-        if not hasattr(self.__class__, "_runs"):
-            self.__class__._runs = run_programs(engines.get("tau1"), problems)
-        ours, stock = self._runs[program], stock_runs[program]
+    def test_outputs_and_token_counts_equal_stock(self, tau1_runs, stock_runs, program):
+        ours, stock = tau1_runs[program], stock_runs[program]
         assert ours[0] == stock[0]  # every branch's text
         assert ours[-1] == stock[-1]  # requests, prompt, cached and completion tokens
         if program == "paraphrase-sc":

@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
     p.add_argument("--shots", type=int, default=d.shots,
                    help="held-out solved exemplars in front of every question (default: %(default)s)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="problems (programs) in flight at once (default: all; bon-verify: 16)")
     p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
@@ -63,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-        args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots)
+        args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots,
+                                      args.max_concurrency)
     except ValueError as e:
         p.error(str(e))
     return args

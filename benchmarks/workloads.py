@@ -22,11 +22,16 @@ class BenchSettings(SamplingConfig):
 
     max_new_tokens: int = 96
     shots: int = 3
+    # Problems (programs) in flight at once; None: all of them. Bounding it keeps a run's working
+    # set inside the KV pool, so a mode's reuse is not lost to its own concurrency.
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.shots < 0:
             raise ValueError(f"--shots must be >= 0, got {self.shots}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
 
 
 @dataclasses.dataclass
@@ -57,7 +62,8 @@ def digest(text: str) -> str:
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
     from programs.sc import solve_batch
 
-    results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse)
+    results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse,
+                          num_threads=settings.max_concurrency)
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [[b.answer for b in r.branches] for r in results],
                        [[digest(b.text) for b in r.branches] for r in results])
@@ -70,7 +76,7 @@ def _run_diverse_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun
 def _run_tot(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from programs.tot import TotConfig, solve_batch
 
-    results = solve_batch(problems, TotConfig(seed=settings.seed), backend)
+    results = solve_batch(problems, TotConfig(seed=settings.seed), backend, num_threads=settings.max_concurrency)
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [list(r.leaf_answers) for r in results], [[digest(t) for t in r.leaf_texts] for r in results])
 
@@ -85,7 +91,8 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from rksc_sgl.verify import CgeeThresholds
 
     verify_modes = {"full": None, "cgee": CgeeThresholds.from_config()} if mode.cgee else {"full": None}
-    results, verify_s = solve_batch(problems, settings, backend, modes=verify_modes, exemplars=exemplars)
+    results, verify_s = solve_batch(problems, settings, backend, modes=verify_modes, exemplars=exemplars,
+                                   chunk=settings.max_concurrency or 16)
     used = list(verify_modes)[-1]
     stats = {}
     if mode.cgee:
@@ -119,7 +126,7 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
         raise ValueError("paraphrase-sc: the exemplar pool overlaps the evaluated problems; lower --limit")
     asks_on = "asks" in mode.mechanisms
     before = _asks_seconds(backend) if asks_on else 0.0
-    results = solve_batch(problems, pool, settings.shots, settings, backend)
+    results = solve_batch(problems, pool, settings.shots, settings, backend, max_concurrency=settings.max_concurrency)
     reports = [b.asks for r in results for b in r.branches if b.asks]
     stats = {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
              "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}

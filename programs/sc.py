@@ -115,8 +115,9 @@ def branch_openers(num_branches: int) -> list[str]:
 
 
 def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
-                 exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False):
-    """``sc_program`` on every problem, concurrently; per problem its branches' ``(context, solution,
+                 exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False,
+                 num_threads: int | None = None):
+    """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its branches' ``(context, solution,
     token log-probabilities)``. Problem ``i`` samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
@@ -125,17 +126,19 @@ def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, fi
              openers=branch_openers(config.num_branches) if diverse else None)
         for i, p in enumerate(problems)
     ]
-    states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=len(problems) or 1)
+    states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=num_threads or len(problems) or 1)
     return [state.ret_value for state in states]
 
 
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
-                exemplars: tuple[Problem, ...] = (), diverse: bool = False) -> list[VoteResult]:
-    """Run self-consistency on every problem (concurrently, through the given frontend backend);
-    ``diverse``: each branch starts its answer with its own opener (diverse-prompt SC)."""
+                exemplars: tuple[Problem, ...] = (), diverse: bool = False,
+                num_threads: int | None = None) -> list[VoteResult]:
+    """Run self-consistency on every problem (``num_threads`` at a time, default all, through the
+    given frontend backend); ``diverse``: each branch starts its answer with its own opener."""
     results = []
     for problem, branches_out in zip(problems, run_branches(problems, config, backend, exemplars=exemplars,
-                                                             diverse=diverse, progress_bar=progress_bar)):
+                                                             diverse=diverse, progress_bar=progress_bar,
+                                                             num_threads=num_threads)):
         branches = tuple(Branch(text, extract_answer(problem, text), lps) for _, text, lps in branches_out)
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))

@@ -54,7 +54,10 @@ def test_sampling_flags_are_checked_by_the_programs_own_config(capsys):
     args = parse_args(["--num-branches", "3", "--max-new-tokens", "16", "--shots", "0"])
     assert isinstance(args.settings, SamplingConfig)
     assert (args.settings.num_branches, args.settings.max_new_tokens, args.settings.shots) == (3, 16, 0)
-    for flag, value in (("--num-branches", "0"), ("--max-new-tokens", "0"), ("--shots", "-1"), ("--temperature", "-1")):
+    assert args.settings.max_concurrency is None  # default: every problem in flight
+    assert parse_args(["--max-concurrency", "2"]).settings.max_concurrency == 2
+    for flag, value in (("--num-branches", "0"), ("--max-new-tokens", "0"), ("--shots", "-1"), ("--temperature", "-1"),
+                        ("--max-concurrency", "0")):
         with pytest.raises(SystemExit):
             parse_args([flag, value])
         assert flag in capsys.readouterr().err

@@ -5,7 +5,9 @@ in-process engine (started in turn, in this process), all problems submitted at 
 
 * ``exact``: stock SGLang radix cache (its default ``UnifiedRadixCache``), LRU;
 * ``rksc-lru``: our backend with every rksc option off (LRU): isolates the policy from the class;
-* ``rsbcm-only``: our backend, eviction by ``branch_score / (depth + 1)``.
+* ``rsbcm-only``: our backend, eviction by ``branch_score / (depth + 1)``, aged (the default
+  ``horizon_s``: importance buys at most that many seconds of residency);
+* ``rsbcm-unbounded``: the same without ageing (``horizon_s: null``, the paper's order).
 
 The KV pool is capped at ``pool_fraction`` of the workload's working set: the KV tokens one run
 leaves in the tree when nothing is evicted, measured first with an uncapped ``exact`` run (mode
@@ -41,6 +43,7 @@ MODES: dict[str, Mode] = {
     "exact": Mode(RkscConfig(), {}),
     "rksc-lru": Mode(RkscConfig(), {"radix_cache_backend": "rksc"}),
     "rsbcm-only": Mode(RkscConfig(rsbcm=True), {}),
+    "rsbcm-unbounded": Mode(RkscConfig(rsbcm=True), {"radix_eviction_policy_config": {"horizon_s": None}}),
 }
 UNCAPPED_POOL_TOKENS = 32768
 
@@ -57,7 +60,8 @@ def run_mode(name: str, problems, cfg: TotConfig, pool_tokens: int, log_level: s
 
     mode = MODES["exact"] if name == "uncapped" else MODES[name]
     if mode.rksc.rsbcm and rsbcm_config:
-        server = {**server, "radix_eviction_policy_config": rsbcm_config}
+        base = mode.server.get("radix_eviction_policy_config") or {}
+        server = {**server, "radix_eviction_policy_config": {**base, **rsbcm_config}}
     engine = launch_engine(rksc=mode.rksc, max_total_tokens=pool_tokens, log_level=log_level,
                            **{**mode.server, **server})
     backend = EngineBackend(engine)

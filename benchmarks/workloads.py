@@ -126,7 +126,8 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
         raise ValueError("paraphrase-sc: the exemplar pool overlaps the evaluated problems; lower --limit")
     asks_on = "asks" in mode.mechanisms
     before = _asks_seconds(backend) if asks_on else 0.0
-    results = solve_batch(problems, pool, settings.shots, settings, backend, max_concurrency=settings.max_concurrency)
+    results = solve_batch(problems, pool, settings.shots, settings, backend, max_concurrency=settings.max_concurrency,
+                          progress_bar=True)
     reports = [b.asks for r in results for b in r.branches if b.asks]
     stats = {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
              "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}

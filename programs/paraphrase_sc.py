@@ -114,10 +114,16 @@ def solve(problem: Problem, index: int, exemplars: tuple[Problem, ...], config: 
 
 
 def solve_batch(problems: list[Problem], pool: tuple[Problem, ...], shots: int, config: SamplingConfig,
-                backend, first_index: int = 0, max_concurrency: int | None = None) -> list[ParaResult]:
+                backend, first_index: int = 0, max_concurrency: int | None = None,
+                progress_bar: bool = False) -> list[ParaResult]:
     """``solve`` on every problem, ``max_concurrency`` problems at a time (default: all); problem
     ``i`` samples with the seeds of index ``first_index + i`` and its exemplars come from ``pool``."""
+    from tqdm import tqdm
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max_concurrency or max(1, len(problems))) as pool_exec:
         futures = [pool_exec.submit(solve, p, first_index + i, exemplars_for(p, pool, shots), config, backend)
                    for i, p in enumerate(problems)]
+        with tqdm(total=len(futures), desc="problems", unit="problem", leave=False, disable=not progress_bar) as bar:
+            for _ in concurrent.futures.as_completed(futures):
+                bar.update()
         return [f.result() for f in futures]

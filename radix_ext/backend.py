@@ -30,7 +30,8 @@ With ASKS on (``--asks``, ``radix_ext.asks``), ``asks`` holds the gate and count
 * ``checkpoint`` also moves a span commit's signature (``radix_ext.asks_capture``) onto the node
   that ends at the span's end, unless that node has one or the signature cap is reached;
 * ``_split_node`` leaves the signature on the lower node, which still ends where the span ends;
-* ``_delete_leaf`` (eviction) and ``reset`` release signature bytes with their nodes.
+* ``_delete_leaf`` (eviction) and ``reset`` release signature bytes with their nodes; evicted
+  tokens are tallied scored / unscored for ``radix_ext.metrics``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
 from radix_ext import asks_capture
 from radix_ext.asks import SIG_ATTR, AsksState
-from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth
+from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
+from radix_ext.metrics import EVICTED_TOKENS
 from rksc_sgl.config import RkscConfig, parse_layers
 from rksc_sgl.protocol import BranchTag
 
@@ -107,6 +109,7 @@ class RkscRadixCache(RadixCache):
 
     def _delete_leaf(self, node) -> None:
         super()._delete_leaf(node)
+        EVICTED_TOKENS["unscored" if node_score(node) is None else "scored"] += len(node.key)
         signature = getattr(node, SIG_ATTR, None)
         if signature is not None and self.asks is not None:
             setattr(node, SIG_ATTR, None)

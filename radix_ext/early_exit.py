@@ -31,6 +31,7 @@ import torch
 
 from radix_ext import exit_requests
 from radix_ext.exit_rule import lens_entropy
+from radix_ext.metrics import EXIT_ROWS
 from rksc_sgl.protocol import EarlyExitParams
 
 logger = logging.getLogger(__name__)
@@ -144,10 +145,10 @@ class _LensPass:
 
     def info(self, layers_run: int, layer_calls: int) -> dict[str, list[Any]]:
         flagged = [p is not None for p in self.rows]
+        exit_layers = [(e if e is not None else self.num_layers) if f else None for f, e in zip(flagged, self.exit_layer)]
+        EXIT_ROWS.update(e for e in exit_layers if e is not None)
         info = {
-            "rksc_exit_layer": [
-                (e if e is not None else self.num_layers) if f else None for f, e in zip(flagged, self.exit_layer)
-            ],
+            "rksc_exit_layer": exit_layers,
             "rksc_entropies": self.entropies,
             "rksc_layers_run": [layers_run if f else None for f in flagged],
             "rksc_batch_rows": [len(self.rows) if f else None for f in flagged],

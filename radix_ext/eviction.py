@@ -10,13 +10,30 @@ Node metadata lives on SGLang's ``TreeNode`` as two plain attributes (it has no 
   for tokens no branch claimed (shared prompts, zero-token prefix requests);
 * ``rksc_score``: the branch's score in [0, 1] once the program reported it, else None.
 
-The key is ``(importance, last_access_time)``, like SGLang's ``PriorityStrategy``:
+Importance is
 
-* a scored node's importance is ``score / (depth + 1)``;
-* an unscored node's importance is ``unscored_importance`` (default 0.5: an unjudged branch
-  counts as a coin flip at the root). One constant for all of them, so among themselves unscored
-  nodes evict in plain LRU order (``last_access_time`` breaks the tie);
-* equal importance falls back to LRU, so with no scores at all RSBCM *is* LRU.
+* ``score / (depth + 1)`` for a scored node;
+* ``unscored_importance`` (default 0.5: an unjudged branch counts as a coin flip at the root)
+  for an unscored one. One constant for all of them, so among themselves unscored nodes evict in
+  plain LRU order; with no scores at all RSBCM *is* LRU.
+
+Importance buys residency for a bounded time, and decays while a node sits idle. The key is
+
+    key(node) = last_access_time + horizon_s * importance(node)
+
+(lowest evicted first), the same order as an effective importance
+``importance - (now - last_access_time) / horizon_s`` that falls by 1 per ``horizon_s`` seconds
+idle. Scores lie in [0, 1] (the protocol refuses others), so nothing a client reports keeps a node
+resident more than ``horizon_s`` seconds longer than a node scored 0 idle since the same moment,
+or more than
+``horizon_s * (1 - unscored_importance)`` longer than plain traffic used at the same time: a
+client scoring everything 1.0 delays another client's evictions by at most that, never starves
+it. Inside one program, whose nodes are touched within seconds of each other, the order is the
+paper's (importance first) whenever importances differ by more than the time between the
+touches over ``horizon_s``. ``horizon_s`` (default 60) is set with
+``--radix-eviction-policy-config '{"horizon_s": 120}'``; ``"horizon_s": null`` is the paper's
+unbounded order ``(importance, last_access_time)``, where a scored shallow node outlives every
+unscored one for as long as the server runs.
 
 Why unscored nodes rank above most scored ones, not below: in a reasoning program an unscored
 node is mostly a branch waiting for its verdict or shared scaffolding (prompts), both needed
@@ -52,17 +69,29 @@ def importance(score: float, depth: int) -> float:
     return score / (depth + 1)
 
 
-class RSBCMStrategy(EvictionStrategy):
-    """``(importance, last_access_time)``; unscored nodes weigh ``unscored_importance``."""
+DEFAULT_HORIZON_S = 60.0
 
-    def __init__(self, unscored_importance: float = 0.5):
-        if isinstance(unscored_importance, bool) or not isinstance(unscored_importance, (int, float)) \
-                or not math.isfinite(unscored_importance):
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class RSBCMStrategy(EvictionStrategy):
+    """``last_access_time + horizon_s * importance``; unscored nodes weigh ``unscored_importance``."""
+
+    def __init__(self, unscored_importance: float = 0.5, horizon_s: float | None = DEFAULT_HORIZON_S):
+        if not _number(unscored_importance):
             raise ValueError(
                 "--radix-eviction-policy-config: rsbcm's unscored_importance must be a finite "
                 f"number, got {unscored_importance!r}"
             )
+        if horizon_s is not None and not (_number(horizon_s) and horizon_s > 0):
+            raise ValueError(
+                "--radix-eviction-policy-config: rsbcm's horizon_s must be a positive number of "
+                f"seconds or null (no ageing), got {horizon_s!r}"
+            )
         self.unscored_importance = float(unscored_importance)
+        self.horizon_s = None if horizon_s is None else float(horizon_s)
 
     def node_importance(self, node: Any) -> float:
         score = node_score(node)
@@ -71,4 +100,6 @@ class RSBCMStrategy(EvictionStrategy):
         return importance(score, node_depth(node) or 0)
 
     def get_priority(self, node: Any) -> tuple[float, float]:
-        return (self.node_importance(node), node.last_access_time)
+        if self.horizon_s is None:
+            return (self.node_importance(node), node.last_access_time)
+        return (node.last_access_time + self.horizon_s * self.node_importance(node), node.last_access_time)

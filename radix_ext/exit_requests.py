@@ -32,6 +32,9 @@ SAMPLING_VERIFY = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CREATE_REQ = "sglang.srt.managers.scheduler.Scheduler._create_generation_req"
 ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 
+TP_REFUSAL = (f"custom_params.{PARAMS_KEY} (CGEE early exit) needs --tp-size 1, this server runs {{tp}} ranks: "
+              "each rank would read the logit lens on its own vocabulary shard and could stop at another layer")
+
 # rid -> Req of every live flagged request in this scheduler process (entries die with the Req).
 _flagged: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
@@ -74,6 +77,9 @@ def _flag_request(req, scheduler, recv_req, *args, **kwargs):
         params = EarlyExitParams.from_custom_params(req.sampling_params.custom_params)
     except ValueError as e:  # verify() rejects these first; never fail the scheduler on one
         logger.warning("ignoring %s of request %s: %s", PARAMS_KEY, req.rid, e)
+        return None
+    if params is not None and getattr(scheduler, "tp_size", 1) > 1:
+        req.set_finish_with_abort(TP_REFUSAL.format(tp=scheduler.tp_size))
         return None
     if params is not None:
         req.skip_radix_cache_insert = True

@@ -9,7 +9,8 @@ radix cache is built, so registrations made here are visible where the cache is 
 * a check of the ``rksc`` entry of ``sampling_params.custom_params`` where SGLang validates
   sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
   scheduler error;
-* the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``);
+* the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``) and our
+  series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.metrics``);
 * a refusal (HTTP 400) of empty prompts, which kill stock SGLang's CPU scheduler
   (``radix_ext.request_guards``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
@@ -33,7 +34,7 @@ SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.ver
 def load() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext import introspection, stats
+    from radix_ext import introspection, metrics, stats
     from radix_ext.seams import scheduler_seams
     from rksc_sgl import seams
     from rksc_sgl.config import RkscConfig
@@ -44,6 +45,7 @@ def load() -> None:
     register_backend()
     HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
     stats.install()
+    metrics.install()
     from radix_ext import request_guards  # requests that would kill SGLang's CPU scheduler
 
     request_guards.install()

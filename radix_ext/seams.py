@@ -9,7 +9,7 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import asks, early_exit, exit_requests, introspection, plugin, request_guards, sampler
+    from radix_ext import asks, early_exit, exit_requests, introspection, metrics, plugin, request_guards, sampler
 
     return {
         "plugin": (
@@ -22,6 +22,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             request_guards.VALIDATE_TARGET,
         ),
         "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),
+        "Prometheus metrics": (metrics.PROCESS_BATCH_RESULT, metrics.ON_IDLE),
         "RSBCM backend": (
             f"{_RADIX}.checkpoint", f"{_RADIX}._split_node", f"{_RADIX}.reset", f"{_RADIX}.evict",
             "sglang.srt.mem_cache.radix_cache.TreeNode",

@@ -211,3 +211,41 @@ class TestRequestCheck:
 
     def test_unflagged_requests_are_not_constrained(self):
         assert self.check(None, max_new_tokens=128) is None
+
+
+class TestTensorParallelRefusal:
+    """``Scheduler._create_generation_req`` (AFTER): under ``--tp-size`` > 1 a flagged request is
+    aborted with a 400 instead of running a forward whose ranks could exit at different layers."""
+
+    class Req:
+        def __init__(self, custom_params):
+            from types import SimpleNamespace
+
+            self.rid = "r1"
+            self.sampling_params = SimpleNamespace(custom_params=custom_params)
+            self.aborted = None
+
+        def set_finish_with_abort(self, error_msg, *args, **kwargs):
+            self.aborted = error_msg
+
+    def flag(self, custom_params, tp_size):
+        from types import SimpleNamespace
+
+        from radix_ext.exit_requests import _flag_request, params_of
+
+        req = self.Req(custom_params)
+        _flag_request(req, SimpleNamespace(tp_size=tp_size), None)
+        return req, params_of(req)
+
+    def test_flagged_request_is_refused_naming_tp_size(self):
+        req, params = self.flag(RULE.to_custom_params(), tp_size=2)
+        assert params is None and "--tp-size 1" in req.aborted and "2 ranks" in req.aborted
+        assert not getattr(req, "skip_radix_cache_insert", False)
+
+    def test_single_rank_flags_the_request(self):
+        req, params = self.flag(RULE.to_custom_params(), tp_size=1)
+        assert req.aborted is None and params == RULE and req.skip_radix_cache_insert
+
+    def test_plain_requests_run_under_any_tp_size(self):
+        req, params = self.flag(None, tp_size=4)
+        assert req.aborted is None and params is None

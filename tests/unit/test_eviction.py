@@ -49,6 +49,9 @@ class Tree:
     """Factory for test trees: named branches inserted as finished requests would leave them."""
 
     def __init__(self, policy: str = "rsbcm", **policy_config) -> None:
+        """RSBCM in the paper's unbounded order unless a test sets ``horizon_s`` (``TestAgeing``)."""
+        if policy == "rsbcm":
+            policy_config.setdefault("horizon_s", None)
         self.allocator = FakeAllocator()
         params = CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
@@ -193,10 +196,71 @@ class TestUnscoredNodes:
             return tree.eviction_order()
 
         assert workload(Tree("rsbcm")) == workload(Tree("lru"))
+        assert workload(Tree("rsbcm", horizon_s=None)) == workload(Tree("lru"))
 
     def test_bad_unscored_importance_names_the_flag(self):
         with pytest.raises(ValueError, match="--radix-eviction-policy-config"):
             RSBCMStrategy(unscored_importance="high")
+
+
+class TestAgeing:
+    """Importance buys ``horizon_s`` seconds of residency at most (one clock tick = one second here)."""
+
+    def test_an_idle_scored_node_loses_to_fresher_unscored_traffic(self):
+        tree = Tree(horizon_s=10)
+        tree.add("scored", branch(1), depth=0, score=1.0)  # key ~ t + 10
+        tree.add("plain-soon", branch(2), depth=1)  # touched 1 tick later: key ~ t + 1 + 5
+        for _ in range(8):
+            tree.touch([9])  # the clock moves on (a miss touches nothing)
+        tree.add("plain-later", branch(3), depth=1)  # ~11 ticks later: key ~ t + 11 + 5 > t + 10
+        assert tree.eviction_order()[:3] == ["plain-soon", "scored", "plain-later"]
+
+    def test_inside_the_horizon_importance_still_decides(self):
+        tree = Tree(horizon_s=1000)
+        tree.add("good", branch(1), depth=1, score=0.9)
+        tree.add("bad", branch(2), depth=1, score=0.1)
+        assert tree.eviction_order()[:2] == ["bad", "good"]
+
+    def test_without_a_horizon_a_scored_node_outlives_any_unscored_one(self):
+        tree = Tree(horizon_s=None)
+        tree.add("scored", branch(1), depth=0, score=1.0)
+        for _ in range(10_000):
+            tree.touch([9])
+        tree.add("plain", branch(2), depth=1)
+        assert tree.eviction_order()[:2] == ["plain", "scored"]
+
+    @pytest.mark.parametrize("horizon_s, starved", [(5, False), (None, True)])
+    def test_a_client_scoring_everything_one_cannot_starve_plain_traffic(self, horizon_s, starved):
+        """Client A streams fresh prefixes scored 1.0 at depth 0; client B asks for its own prompt
+        every 10 requests. The pool holds 60 tokens. With a horizon B keeps hitting its cached
+        prompt; without one (the unbounded order) A's scores push B out every time."""
+        tree, capacity = Tree(horizon_s=horizon_s), 60
+        b_prompt = [7, 7, 7, 7, 7]
+        hits = visits = 0
+        for step in range(400):
+            if step % 10 == 0:
+                cached = tree.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", b_prompt)))).device_prefix_len
+                hits += cached == len(b_prompt)
+                visits += 1
+                tree.add("B", b_prompt)
+            else:
+                node = tree.add("A", [8, step, step + 1, step + 2, step + 3], depth=0, score=1.0)
+                assert node is not None
+            excess = tree.cache.total_size() - capacity
+            if excess > 0:
+                tree.cache.evict(EvictParams(num_tokens=excess))
+        if starved:
+            assert hits <= 1  # only while the pool was still filling up
+        else:
+            assert hits >= visits - 2  # the first visit misses; B's prompt stays resident after
+
+    def test_default_horizon_is_a_minute(self):
+        assert RSBCMStrategy().horizon_s == 60.0
+
+    @pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "600", True])
+    def test_bad_horizon_names_the_flag_and_key(self, bad):
+        with pytest.raises(ValueError, match="--radix-eviction-policy-config.*horizon_s"):
+            RSBCMStrategy(horizon_s=bad)
 
 
 class TestLocks:

@@ -1,0 +1,118 @@
+"""Bad requests, native and OpenAI-compatible, interleaved with good ones against one server.
+
+Each bad request must get an HTTP 4xx whose body names what was wrong, every good request sent
+meanwhile must complete, and afterwards the server still serves and its KV pool balances with
+nothing held: no bad request may kill the scheduler, leak a KV slot or stall another request.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import pytest
+import requests
+
+from tests.integration.kv import assert_no_kv_leak
+
+pytestmark = pytest.mark.integration
+
+LONG = "hello " * 20000  # far past the model's context window
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+# (route, JSON body or raw text, a word the 4xx body must contain, case-insensitive)
+BAD: list[tuple[str, object, str]] = [
+    ("/generate", {"text": ""}, "empty"),
+    ("/generate", {"input_ids": []}, "empty"),
+    ("/generate", {"text": ["fine", ""]}, "empty"),
+    ("/generate", {"text": 123}, "text"),
+    ("/generate", "{not json", "json"),
+    ("/generate", [], "object"),
+    ("/generate", {}, "text"),
+    ("/generate", {"text": "Hi", "sampling_params": "hot"}, "sampling_params"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": -5}}, "max_new_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 10**9}}, "max"),
+    ("/generate", {"text": "Hi", "sampling_params": {"temperature": -1}}, "temperature"),
+    ("/generate", {"text": "Hi", "sampling_params": {"temperature": "warm"}}, "temperature"),
+    ("/generate", {"text": "Hi", "sampling_params": {"top_p": 0}}, "top_p"),
+    ("/generate", {"text": "Hi", "sampling_params": {"top_p": 1.5}}, "top_p"),
+    ("/generate", {"text": "Hi", "sampling_params": {"top_k": 0}}, "top_k"),
+    ("/generate", {"text": "Hi", "sampling_params": {"min_p": 2}}, "min_p"),
+    ("/generate", {"text": "Hi", "sampling_params": {"repetition_penalty": -1}}, "repetition_penalty"),
+    ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 9}}, "frequency_penalty"),
+    ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "n"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": 123}}, "stop"),
+    ("/generate", {"text": "Hi", "sampling_params": {"unknown_knob": 1}}, "unknown_knob"),
+    ("/generate", {"text": LONG, "sampling_params": {"max_new_tokens": 2}}, "context"),
+    ("/generate", {"input_ids": [1, 2, 10**9], "sampling_params": {"max_new_tokens": 2}}, "vocab"),
+    ("/generate", {"input_ids": [1, -3, 2], "sampling_params": {"max_new_tokens": 2}}, "vocab"),
+    ("/generate", {"input_ids": ["a", "b"], "sampling_params": {"max_new_tokens": 2}}, "input_ids"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
+    ("/generate", {"text": "Hi", "sampling_params": {"custom_params": "x"}}, "custom_params"),
+    ("/generate", {"text": "Hi", "sampling_params": {"custom_params": {"rksc": {"depth": -1}}}}, "depth"),
+    ("/generate", {"text": "Hi", "sampling_params": {"custom_params": {"rksc": {"depth": 1, "score": 2}}}}, "score"),
+    ("/generate", {"text": "Hi", "sampling_params": {"custom_params": {"rksc": {"depth": 1, "bogus": 1}}}}, "bogus"),
+    ("/generate", {"text": "Hi", "sampling_params": {"custom_params": {"rksc_asks": {"enabled": "yes"}}}}, "enabled"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "custom_params":
+                                                     {"rksc_early_exit": {"theta": -1, "epsilon": 0.1}}}}, "theta"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 8, "custom_params":
+                                                     {"rksc_early_exit": {"theta": 1, "epsilon": 0.1}}}}, "max_new_tokens"),
+    (CHAT, {"model": "default", "messages": []}, "messages"),
+    (CHAT, {"model": "default"}, "messages"),
+    (CHAT, {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": -1}, "max_tokens"),
+    (CHAT, {"model": "default", "messages": HI, "temperature": -2}, "temperature"),
+    (CHAT, {"model": "default", "messages": HI, "top_p": 3}, "top_p"),
+    (CHAT, {"model": "default", "messages": HI, "n": 0}, "n"),
+    (CHAT, {"model": "default", "messages": "hi"}, "messages"),
+    (CHAT, "[[[", "json"),
+    (CHAT, {"model": "default", "messages": [{"role": "user", "content": LONG}], "max_tokens": 2}, "context"),
+    (CHAT, {"model": "default", "messages": HI, "custom_params": {"rksc": {"depth": "deep"}}}, "depth"),
+    ("/v1/completions", {"model": "default", "prompt": ""}, "empty"),
+    ("/v1/completions", {"model": "default", "prompt": [[]]}, "empty"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": "x"}, "max_tokens"),
+    ("/v1/completions", {"model": "default", "prompt": [5, 10**9]}, "vocab"),
+]
+
+
+def post(url: str, route: str, body) -> requests.Response:
+    if isinstance(body, str):
+        return requests.post(url + route, data=body, headers={"Content-Type": "application/json"}, timeout=120)
+    return requests.post(url + route, json=body, timeout=120)
+
+
+class HttpPool:
+    """``kv_pool()`` over HTTP, for ``tests.integration.kv``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def kv_pool(self) -> dict:
+        return requests.get(f"{self.url}/server_info", timeout=30).json()["internal_states"][0]["rksc_kv_pool"]
+
+
+def good(url: str, i: int) -> requests.Response:
+    return post(url, "/generate", {"text": f"Count from {i}:", "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+
+
+def test_bad_requests_get_4xx_naming_the_field_while_good_ones_complete(server_url):
+    assert len(BAD) >= 40
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        good_futures = []
+        for i, (route, body, word) in enumerate(BAD):
+            good_futures.append(pool.submit(good, server_url, i))  # in flight while the bad one arrives
+            res = post(server_url, route, body)
+            shown = body if isinstance(body, str) else json.dumps(body)[:100]
+            if not 400 <= res.status_code < 500:
+                failures.append(f"{route} {shown}: HTTP {res.status_code} {res.text[:160]}")
+            elif word.lower() not in res.text.lower():
+                failures.append(f"{route} {shown}: reason lacks {word!r}: {res.text[:160]}")
+        statuses = [f.result().status_code for f in good_futures]
+    assert not failures, "\n".join(failures)
+    assert statuses == [200] * len(BAD)
+    assert good(server_url, 0).status_code == 200
+    assert_no_kv_leak(HttpPool(server_url))

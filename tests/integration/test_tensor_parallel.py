@@ -1,0 +1,60 @@
+"""``--tp-size 2`` on the CPU (one core per rank): ordinary requests run; a CGEE early-exit
+request is refused with a 400, since each rank reads the logit lens on its own vocabulary shard
+and ranks could stop at different layers and wait on each other forever."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from rksc_sgl.protocol import EarlyExitParams
+from tests.conftest import free_port, wait_healthy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tp2_url(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("tp2") / "server.log"
+    # Without a core per rank SGLang's CPU path asserts ranks <= NUMA nodes (one here).
+    env = {**os.environ, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "RKSC_CPU_THREADS": "1"}
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rksc_sgl.launch_server", "--tp-size", "2", "--max-total-tokens", "4096",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            stdout=log_file, stderr=subprocess.STDOUT, env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout_s=300)
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"--tp-size 2 server failed to start; log:\n{log.read_text()[-4000:]}")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def generate(url: str, custom_params=None, max_new_tokens: int = 4):
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    if custom_params:
+        params["custom_params"] = custom_params
+    return requests.post(f"{url}/generate", json={"text": "2 + 2 =", "sampling_params": params}, timeout=300)
+
+
+def test_early_exit_request_is_refused_and_the_server_keeps_serving(tp2_url):
+    assert generate(tp2_url).status_code == 200
+    flagged = EarlyExitParams(theta=1.0, epsilon=0.2, min_layer=4).to_custom_params()
+    res = generate(tp2_url, flagged, max_new_tokens=1)
+    assert res.status_code == 400, res.text
+    assert "--tp-size 1" in res.text
+    after = generate(tp2_url)
+    assert after.status_code == 200 and after.json()["text"]

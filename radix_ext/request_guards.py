@@ -9,12 +9,14 @@ server process, where SGLang's own length checks raise ValueError, an HTTP 400) 
 the reason instead. The same hook checks ``sampling_params`` field by field against SGLang's
 ``SamplingParams`` (an unknown name, or a value of the wrong type such as ``"max_new_tokens":
 "ten"``): SGLang builds the struct from the dict and its TypeError becomes an HTTP 500 without the
-field's name.
+field's name. A BEFORE hook on ``GenerateReqInput._handle_parallel_sampling`` refuses ``n`` < 1:
+SGLang expands a request into ``n`` samples, and with none the OpenAI chat route never answers.
 """
 
 from __future__ import annotations
 
 VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+PARALLEL_SAMPLING_TARGET = "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling"
 
 
 # Fields whose values are objects with entries of their own: SGLang declares custom_params'
@@ -48,8 +50,20 @@ def check_sampling_params(params, struct) -> None:
             raise ValueError(f"sampling_params.{name}: {e}") from None
 
 
+def _refuse_no_samples(obj, *args, **kwargs):
+    params = obj.sampling_params
+    for entry in params if isinstance(params, list) else [params]:
+        n = entry.get("n") if isinstance(entry, dict) else None
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"sampling_params.n must be an integer >= 1 (samples to draw), got {n!r}")
+    return None
+
+
 def _refuse_unservable_prompt(manager, obj, input_ids, *args, **kwargs):
     check_sampling_params(getattr(obj, "sampling_params", None), manager.sampling_params_class)
+    top = getattr(obj, "top_logprobs_num", None)
+    if isinstance(top, int) and top < 0:
+        raise ValueError(f"top_logprobs_num must be >= 0, got {top}")
     if not input_ids and getattr(obj, "input_embeds", None) is None:
         raise ValueError("the prompt is empty (0 tokens after tokenization): send non-empty text or input_ids")
     vocab_size = manager.model_config.vocab_size
@@ -63,3 +77,4 @@ def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(VALIDATE_TARGET, _refuse_unservable_prompt, HookType.BEFORE)
+    HookRegistry.register(PARALLEL_SAMPLING_TARGET, _refuse_no_samples, HookType.BEFORE)

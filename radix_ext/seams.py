@@ -19,7 +19,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.mem_cache.registry.get_radix_cache_factory",
             "sglang.srt.arg_groups.choices.RADIX_EVICTION_POLICY_CHOICES",
             "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices",
-            request_guards.VALIDATE_TARGET,
+            request_guards.VALIDATE_TARGET, request_guards.PARALLEL_SAMPLING_TARGET,
         ),
         "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),
         "Prometheus metrics": (metrics.PROCESS_BATCH_RESULT, metrics.ON_IDLE),

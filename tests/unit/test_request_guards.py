@@ -68,3 +68,25 @@ class TestPrompt:
 
     def test_valid_ids_pass(self):
         assert validate([0, 5, VOCAB - 1], {"max_new_tokens": 2}) is None
+
+
+class TestSamples:
+    @pytest.mark.parametrize("params", [{"n": 0}, {"n": -2}, [{"n": 1}, {"n": 0}], {"n": "3"}])
+    def test_fewer_than_one_sample_is_refused(self, params):
+        from radix_ext.request_guards import _refuse_no_samples
+
+        with pytest.raises(ValueError, match="sampling_params.n must be an integer >= 1"):
+            _refuse_no_samples(SimpleNamespace(sampling_params=params))
+
+    @pytest.mark.parametrize("params", [None, {}, {"n": 1}, {"n": 4}, [{"n": 2}, {"n": 2}], {"n": None}])
+    def test_one_or_more_samples_pass(self, params):
+        from radix_ext.request_guards import _refuse_no_samples
+
+        assert _refuse_no_samples(SimpleNamespace(sampling_params=params)) is None
+
+
+def test_negative_top_logprobs_num_is_refused():
+    manager = SimpleNamespace(sampling_params_class=SamplingParams, model_config=SimpleNamespace(vocab_size=VOCAB))
+    with pytest.raises(ValueError, match="top_logprobs_num"):
+        _refuse_unservable_prompt(manager, SimpleNamespace(sampling_params=None, input_embeds=None,
+                                                           top_logprobs_num=-1), [1, 2])

@@ -66,7 +66,7 @@ BAD: list[tuple[str, object, str]] = [
     (CHAT, {"model": "default", "messages": []}, "messages"),
     (CHAT, {"model": "default"}, "messages"),
     (CHAT, {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
-    (CHAT, {"model": "default", "messages": HI, "max_tokens": -1}, "max_tokens"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": -1}, "max_new_tokens"),
     (CHAT, {"model": "default", "messages": HI, "temperature": -2}, "temperature"),
     (CHAT, {"model": "default", "messages": HI, "top_p": 3}, "top_p"),
     (CHAT, {"model": "default", "messages": HI, "n": 0}, "sampling_params.n"),

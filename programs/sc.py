@@ -117,8 +117,8 @@ def branch_openers(num_branches: int) -> list[str]:
 def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                  exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False,
                  num_threads: int | None = None):
-    """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its branches' ``(context, solution,
-    token log-probabilities)``. Problem ``i`` samples with the seeds of index ``first_index + i``."""
+    """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its
+    branches' ``(context, solution, token log-probabilities)``. Problem ``i`` samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,

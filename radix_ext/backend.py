@@ -51,6 +51,8 @@ from rksc_sgl.protocol import BranchTag
 
 logger = logging.getLogger(__name__)
 
+SCORE_COUNTED_ATTR = "_rksc_score_counted"  # on a Req whose score report was counted
+
 
 class RkscRadixCache(RadixCache):
     def __init__(self, params, *, rsbcm: bool = False, asks: AsksState | None = None) -> None:
@@ -90,7 +92,9 @@ class RkscRadixCache(RadixCache):
         tag_own_nodes(req.last_node, self.root_node, own_start, tag.depth)
         if tag.score is not None:
             score_path(req.last_node, self.root_node, tag)
-            self.score_reports += 1
+            if not getattr(req, SCORE_COUNTED_ATTR, False):  # a request checkpoints more than once
+                setattr(req, SCORE_COUNTED_ATTR, True)
+                self.score_reports += 1
 
     def _keep_signature(self, req) -> None:
         signature = asks_capture.take_signature(req)

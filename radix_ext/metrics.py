@@ -4,8 +4,8 @@ SGLang runs prometheus_client in multiprocess mode: every process writes its ser
 under ``PROMETHEUS_MULTIPROC_DIR`` (set before the scheduler is spawned) and the HTTP server's
 ``/metrics`` merges them. What we count lives in the scheduler process (the radix tree, ASKS's
 decisions, early exit), so AFTER hooks on ``Scheduler.process_batch_result`` (every batch) and
-``Scheduler.on_idle`` (the idle loop) publish whatever changed since the last call; with metrics
-off they return at once. The series (counters end in ``_total``):
+``Scheduler.on_idle`` (the idle loop, polled continuously) publish what changed, at most every
+``PUBLISH_INTERVAL_S``; with metrics off they return at once. The series (counters end in ``_total``):
 
 * ``rksc_asks_decisions_total{outcome}``: adopted, gate (rejected), no_donor, no_span, skipped;
 * ``rksc_asks_reused_tokens_total``: prompt tokens served from a donor's KV;
@@ -23,10 +23,12 @@ them, so they are in the program's results (``benchmarks``), not here.
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any
 
 PROCESS_BATCH_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 ON_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
+PUBLISH_INTERVAL_S = 0.5
 
 # Tallies kept by the mechanisms themselves (whether or not metrics are on), read by ``publish``.
 EVICTED_TOKENS: collections.Counter = collections.Counter()  # "scored" / "unscored" -> tokens
@@ -63,6 +65,7 @@ class _Series:
 
 
 _series: _Series | None = None
+_last_publish = [float("-inf")]  # time.monotonic() of the last publish from a hook
 
 
 def snapshot(cache) -> dict[tuple, float]:
@@ -99,7 +102,10 @@ def publish(scheduler) -> None:
 
 
 def _after(result: Any, scheduler, *args, **kwargs):
-    publish(scheduler)
+    now = time.monotonic()
+    if now - _last_publish[0] >= PUBLISH_INTERVAL_S:
+        _last_publish[0] = now
+        publish(scheduler)
     return result
 
 

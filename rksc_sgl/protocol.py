@@ -57,8 +57,12 @@ ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (rad
 
 def _entry(custom_params: Any, key: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
     """``custom_params[key]`` as a dict of known ``fields``; None when absent; ValueError naming
-    the entry when it is not an object or has unknown fields."""
-    if not isinstance(custom_params, dict) or custom_params.get(key) is None:
+    the entry when it (or ``custom_params`` itself) is not an object or has unknown fields."""
+    if custom_params is None:
+        return None
+    if not isinstance(custom_params, dict):
+        raise ValueError(f"custom_params must be an object, got {custom_params!r}")
+    if custom_params.get(key) is None:
         return None
     entry = custom_params[key]
     if not isinstance(entry, dict):

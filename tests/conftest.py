@@ -6,6 +6,7 @@ first use, so ``pytest -m "not integration"`` starts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -50,26 +51,36 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 240) -> No
     raise TimeoutError(f"server at {url} not healthy after {timeout_s} s")
 
 
-@pytest.fixture(scope="session")
-def server_url(tmp_path_factory):
-    """Base URL of ``python -m rksc_sgl.launch_server`` running on a free loopback port."""
+@contextlib.contextmanager
+def http_server(module: str, args: list[str], log_dir, env: dict[str, str] | None = None, timeout_s: float = 240):
+    """``python -m module args`` on a free loopback port: its base URL once it serves a
+    generation; stopped on exit. ``log_dir`` keeps its output (shown if start-up fails)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
+    log = log_dir / "server.log"
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rksc_sgl.launch_server", "--host", "127.0.0.1", "--port", str(port),
-             "--max-total-tokens", str(TEST_POOL_TOKENS), "--log-level", "warning"],
-            stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ),
+            [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, timeout_s)
     except Exception:
         proc.kill()
-        raise RuntimeError(f"server failed to start; log:\n{log.read_text()[-4000:]}")
-    yield url
-    proc.terminate()
+        raise RuntimeError(f"python -m {module} failed to start; log:\n{log.read_text()[-4000:]}")
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory):
+    """Base URL of ``python -m rksc_sgl.launch_server`` running on a free loopback port."""
+    args = ["--max-total-tokens", str(TEST_POOL_TOKENS), "--log-level", "warning"]
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("server")) as url:
+        yield url

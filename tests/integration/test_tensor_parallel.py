@@ -4,43 +4,22 @@ and ranks could stop at different layers and wait on each other forever."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import requests
 
 from rksc_sgl.protocol import EarlyExitParams
-from tests.conftest import free_port, wait_healthy
+from tests.conftest import http_server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def tp2_url(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("tp2") / "server.log"
     # Without a core per rank SGLang's CPU path asserts ranks <= NUMA nodes (one here).
-    env = {**os.environ, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "RKSC_CPU_THREADS": "1"}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rksc_sgl.launch_server", "--tp-size", "2", "--max-total-tokens", "4096",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            stdout=log_file, stderr=subprocess.STDOUT, env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, timeout_s=300)
-    except Exception:
-        proc.kill()
-        raise RuntimeError(f"--tp-size 2 server failed to start; log:\n{log.read_text()[-4000:]}")
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "RKSC_CPU_THREADS": "1"}
+    args = ["--tp-size", "2", "--max-total-tokens", "4096", "--log-level", "warning"]
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("tp2"), env, timeout_s=300) as url:
+        yield url
 
 
 def generate(url: str, custom_params=None, max_new_tokens: int = 4):

@@ -183,6 +183,7 @@ class TestDepthTagging:
         text = level1(cache)
         run_request(cache, text + [60], output=[1, 2, 3], depth=2, score=0.0)  # a verifier fork
         assert path_metadata(cache, text + [60, 1, 2]) == [(10, None, None), (5, 1, None), (3, 2, 0.0)]
+        assert cache.score_reports == 1  # one request, though it checkpoints after prefill and at its end
 
     def test_disabled_cache_ignores_tags(self):
         cache = make_cache(disable=True)

@@ -69,3 +69,15 @@ def test_stock_caches_without_our_attributes_publish_what_exists(scheduler):
     metrics.EVICTED_TOKENS["unscored"] += 2
     metrics.publish(scheduler)
     assert value("rksc_evicted_tokens_total", node="unscored") == start + 2
+
+
+def test_hooks_publish_at_most_once_per_interval(scheduler, monkeypatch):
+    calls = []
+    monkeypatch.setattr(metrics, "publish", calls.append)
+    monkeypatch.setattr(metrics, "_last_publish", [float("-inf")])
+    for _ in range(100):  # a burst of decode steps and idle polls
+        assert metrics._after("result", scheduler) == "result"
+    assert calls == [scheduler]
+    metrics._last_publish[0] -= metrics.PUBLISH_INTERVAL_S
+    metrics._after(None, scheduler)
+    assert len(calls) == 2

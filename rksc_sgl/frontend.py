@@ -6,6 +6,10 @@ posts JSON to a server. Ours differ from it in three small ways:
 * per-branch request options (``branch_options``): a sampling seed, and later the fields our
   runtime reads, which ``sgl.gen`` has no parameter for;
 * every response's token counters are totalled (``TokenCounters``), which the benchmark reads;
+* every request of one program (its root state and all its forks) carries the program's routing
+  key in sglang-router's ``X-SMG-Routing-Key`` header, so a router started with its ``manual``
+  policy (``rksc_sgl.launch_router``'s default) sends a program's forks to the worker that holds
+  their shared prefix; a single server ignores the header;
 * ``fork()`` sends the shared prefix before the branches, as SGLang intends: its
   ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
   expressions, so on a fresh state the prefix request was often skipped and sibling branches
@@ -22,6 +26,9 @@ import dataclasses
 import json
 import os
 import threading
+import urllib.error
+import urllib.request
+import uuid
 from typing import Any
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -31,6 +38,9 @@ from sglang.lang.global_config import global_config
 from rksc_sgl.protocol import KV_POOL_KEY, BranchTag
 
 _OPTIONS_ATTR = "_rksc_options"
+_PROGRAM_ATTR = "_rksc_program_key"
+# sglang-router's header for sticky routing (its ``manual`` policy pins each key to one worker).
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
@@ -89,8 +99,21 @@ def branch_tag(state) -> BranchTag | None:
     return BranchTag.from_custom_params(getattr(executor, _OPTIONS_ATTR, {}).get("custom_params"))
 
 
+def program_key(executor) -> str | None:
+    """The routing key of the program ``executor`` belongs to: made on its root state's first
+    request or fork, inherited by every fork (``install_fork_prefix_fix``)."""
+    if executor is None:
+        return None
+    key = getattr(executor, _PROGRAM_ATTR, None)
+    if key is None:
+        key = uuid.uuid4().hex
+        setattr(executor, _PROGRAM_ATTR, key)
+    return key
+
+
 def install_fork_prefix_fix() -> None:
-    """Make ``StreamExecutor.fork`` drain its queue before deciding whether to commit the prefix."""
+    """Make ``StreamExecutor.fork`` drain its queue before deciding whether to commit the prefix,
+    and hand the program's routing key to the forks."""
     from sglang.lang.interpreter import StreamExecutor
 
     original = StreamExecutor.fork
@@ -101,9 +124,13 @@ def install_fork_prefix_fix() -> None:
     seams.check({"frontend backends": seams.CLIENT["frontend backends"]})  # once, before patching
 
     def fork(self, size: int = 1, position_ids_offset=None):
+        key = program_key(self)  # before the prefix commit, which is sent with it
         if size > 1:
             self.sync()  # text_ is written by the executor thread; wait until it is current
-        return original(self, size, position_ids_offset)
+        forks = original(self, size, position_ids_offset)
+        for child in forks:
+            setattr(child, _PROGRAM_ATTR, key)
+        return forks
 
     fork._rksc_fixed = True
     StreamExecutor.fork = fork
@@ -149,8 +176,19 @@ class RkscEndpoint(RuntimeEndpoint):
             totals, self.counters = self.counters, TokenCounters()
         return totals
 
-    def _send(self, data: dict[str, Any]):
-        return super()._generate_http_request(None, data)
+    def _send(self, data: dict[str, Any], routing_key: str | None = None):
+        """POST ``data`` to ``/generate`` (SGLang's transport, plus the routing-key header)."""
+        if routing_key is None:
+            return super()._generate_http_request(None, data)
+        headers = {"Content-Type": "application/json; charset=utf-8", ROUTING_KEY_HEADER: routing_key}
+        if self.api_key is not None:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.base_url + "/generate", data=json.dumps(data).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req) as res:
+                return json.loads(res.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(e.read().decode(errors="replace")) from None
 
     def _add_images(self, s, data: dict[str, Any]) -> None:
         if s is not None:  # _send has no program state (SGLang's version dereferences it)
@@ -170,7 +208,7 @@ class RkscEndpoint(RuntimeEndpoint):
         return list(res.json()["tokens"])
 
     def _generate_http_request(self, s, data: dict[str, Any]):
-        result = self._send(data)
+        result = self._send(data, program_key(s))
         with self._counter_lock:
             for item in result if isinstance(result, list) else [result]:
                 self.counters.add(item["meta_info"])
@@ -248,7 +286,7 @@ class EngineBackend(RkscEndpoint):
             future.cancel()
             raise TimeoutError(f"EngineBackend: no result after {timeout_s} s (timeout_s)") from None
 
-    def _send(self, data: dict[str, Any]):
+    def _send(self, data: dict[str, Any], routing_key: str | None = None):  # one engine: no routing
         body = dict(data)
         body["prompt"] = body.pop("text", None)
         return self.run(self.engine.async_generate(**body))

@@ -13,6 +13,7 @@ import json
 import pytest
 import requests
 
+from rksc_sgl import servers
 from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration
@@ -94,7 +95,7 @@ class HttpPool:
         self.url = url
 
     def kv_pool(self) -> dict:
-        return requests.get(f"{self.url}/server_info", timeout=30).json()["internal_states"][0]["rksc_kv_pool"]
+        return servers.kv_pool(self.url)
 
 
 def good(url: str, i: int) -> requests.Response:

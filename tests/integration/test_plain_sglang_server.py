@@ -12,7 +12,8 @@ import openai
 import pytest
 import requests
 
-from tests.conftest import TEST_POOL_TOKENS, http_server
+from rksc_sgl.servers import http_server
+from tests.conftest import TEST_POOL_TOKENS
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from rksc_sgl.protocol import EarlyExitParams
-from tests.conftest import http_server
+from rksc_sgl.servers import http_server
 
 pytestmark = pytest.mark.integration
 

@@ -61,3 +61,23 @@ def test_sampling_flags_are_checked_by_the_programs_own_config(capsys):
         with pytest.raises(SystemExit):
             parse_args([flag, value])
         assert flag in capsys.readouterr().err
+
+
+def test_pool_fraction_sizes_each_datasets_pool_from_an_uncapped_run(tmp_path, capsys):
+    import json
+
+    run = tmp_path / "bon-verify.jsonl"
+    rows = [{"run_id": "1", "workload": "bon-verify", "dataset": d, "mode": m, "n_problems": 5, "tree_tokens_after": t}
+            for d, t in (("gsm8k", 40000), ("gpqa", 80000)) for m in ("exact", "rsbcm-only")]
+    run.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    base = ["--workload", "bon-verify", "--limit", "5", "--working-set-from", str(run)]
+    args = parse_args([*base, "--datasets", "gsm8k,gpqa", "--pool-fraction", "0.25"])
+    assert args.pool_tokens == {"gsm8k": 10000, "gpqa": 20000}
+    assert parse_args(["--workload", "bon-verify"]).pool_tokens is None
+    for argv, message in (([*base, "--datasets", "gsm8k,mmlu-stem", "--pool-fraction", "0.25"], "mmlu-stem"),
+                          ([*base[:-2], "--datasets", "gsm8k", "--pool-fraction", "0.25"], "--working-set-from"),
+                          ([*base, "--datasets", "gsm8k", "--pool-fraction", "1.5"], "--pool-fraction"),
+                          ([*base, "--limit", "6", "--datasets", "gsm8k", "--pool-fraction", "0.25"], "6 problems")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err

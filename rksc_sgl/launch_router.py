@@ -1,0 +1,211 @@
+"""``python -m rksc_sgl.launch_router``: N rksc-sgl workers behind sglang-router, in one command.
+
+    python -m rksc_sgl.launch_router --workers 2 --port 30000 --rsbcm
+
+Starts ``--workers`` ``python -m rksc_sgl.launch_server`` processes on free loopback ports (every
+flag this command does not know goes to each worker: ours such as ``--rsbcm``, and SGLang's), waits
+until each serves a generation, then starts sglang-router in front of them on ``--host:--port`` and
+waits until it routes one. It runs until interrupted, then stops the router and the workers.
+
+Routing (``--policy``):
+
+* ``pinned`` (default): the router's ``manual`` policy with ``--assignment-mode min_group``. Every
+  request of a program carries the program's key in ``X-SMG-Routing-Key`` (``RkscEndpoint`` sends
+  it), the router pins each new key to the worker holding the fewest keys and keeps it there, so a
+  program's forks meet their shared prefix in that worker's radix tree. Requests without the key
+  are spread at random.
+* ``cache_aware``: the router's prefix-match approximation (``--cache-threshold``, load balance):
+  forks usually, not always, land with their prefix.
+* any other sglang-router policy (``round_robin``, ``random``, ``power_of_two``).
+
+sglang-router is a separate program with its own dependencies: it runs from ``--router-python``
+(default ``$RKSC_ROUTER_PYTHON``, else ``.venv-front/bin/python`` of this checkout, made by ``make
+front``, else this interpreter if it can import ``sglang_router``). On the CPU each worker gets
+``RKSC_CPU_THREADS`` = cores / workers unless that is set. On GPUs: one worker per GPU (or per
+tensor-parallel group, ``--tp-size``), each its own ``launch_server``; see ``docs/serving.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+from rksc_sgl import servers
+
+ROUTER_ENV = "RKSC_ROUTER_PYTHON"
+FRONT_VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-front" / "bin" / "python"
+# Our policy name -> sglang-router's flags.
+POLICIES = {
+    "pinned": ["--policy", "manual", "--assignment-mode", "min_group"],
+    "cache_aware": ["--policy", "cache_aware"],
+    "round_robin": ["--policy", "round_robin"],
+    "random": ["--policy", "random"],
+    "power_of_two": ["--policy", "power_of_two"],
+}
+
+
+def router_python(explicit: str | None = None) -> str:
+    """The interpreter that runs sglang-router; ValueError naming how to get one."""
+    for candidate in (explicit, os.environ.get(ROUTER_ENV)):
+        if candidate:
+            if not Path(candidate).is_file():
+                raise ValueError(f"--router-python: {candidate} does not exist")
+            return candidate
+    if FRONT_VENV_PYTHON.is_file():
+        return str(FRONT_VENV_PYTHON)
+    if importlib.util.find_spec("sglang_router") is not None:
+        return sys.executable
+    raise ValueError("sglang-router is not installed: run `make front` (its own venv, .venv-front), "
+                     f"or pass --router-python / set {ROUTER_ENV} to an interpreter that has it")
+
+
+def worker_env(workers: int, device_cpu: bool) -> dict[str, str]:
+    if not device_cpu or os.environ.get("RKSC_CPU_THREADS"):
+        return {}
+    return {"RKSC_CPU_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
+def wait_routing(url: str, timeout_s: float = 120) -> None:
+    """Until the router forwards a generation (workers register in the background after start-up)."""
+    deadline = time.monotonic() + timeout_s
+    body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    while time.monotonic() < deadline:
+        try:
+            if requests.post(url + "/generate", json=body, timeout=30).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"router at {url} routed nothing within {timeout_s} s")
+
+
+class Cluster:
+    """Workers that stay up while routers in front of them come and go (one at a time)."""
+
+    def __init__(self, workers: int, worker_args: list[str], log_dir: Path, python: str | None = None,
+                 timeout_s: float = 300) -> None:
+        if workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {workers}")
+        self.log_dir = Path(log_dir)
+        self.python = router_python(python)
+        device = next((worker_args[i + 1] for i, a in enumerate(worker_args[:-1]) if a == "--device"), "cpu")
+        env = worker_env(workers, device == "cpu")
+        self.workers = [servers.spawn("rksc_sgl.launch_server", worker_args, self.log_dir / f"worker{i}.log", env)
+                        for i in range(workers)]
+        self.router = None
+        try:
+            for i, (proc, url) in enumerate(self.workers):
+                try:
+                    servers.wait_healthy(url, proc, timeout_s)
+                except Exception as e:
+                    log = (self.log_dir / f"worker{i}.log").read_text()[-3000:]
+                    raise RuntimeError(f"worker {i} failed to start ({e}); log:\n{log}") from None
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [url for _, url in self.workers]
+
+    def start_router(self, policy: str = "pinned", host: str = "127.0.0.1", port: int | None = None) -> str:
+        """Start sglang-router with ``policy`` in front of the workers; its URL once it routes."""
+        if policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.stop_router()
+        port = port or servers.free_port()
+        args = ["--worker-urls", *self.worker_urls, *POLICIES[policy], "--log-level", "warn"]
+        log = self.log_dir / f"router-{policy}.log"
+        self.router, url = servers.spawn("sglang_router.launch_router", args, log, python=self.python, port=port,
+                                         host=host)
+        try:
+            wait_routing(url)
+        except Exception:
+            self.stop_router()
+            raise RuntimeError(f"sglang-router failed to route; log:\n{log.read_text()[-3000:]}") from None
+        return url
+
+    def flush(self) -> None:
+        """Empty every worker's radix cache (between measured runs)."""
+        for url in self.worker_urls:
+            requests.post(url + "/flush_cache", timeout=60)
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            servers.stop(self.router)
+            self.router = None
+
+    def stop(self) -> None:
+        self.stop_router()
+        for proc, _ in self.workers:
+            servers.stop(proc)
+
+
+@contextlib.contextmanager
+def cluster(workers: int, worker_args: list[str], policy: str = "pinned", log_dir: Path | None = None,
+            python: str | None = None) -> Iterator[tuple[str, Cluster]]:
+    """(router URL, cluster) for the ``with`` block: workers and router started, then stopped."""
+    with contextlib.ExitStack() as stack:
+        if log_dir is None:
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        c = Cluster(workers, worker_args, log_dir, python)
+        stack.callback(c.stop)
+        yield c.start_router(policy), c
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m rksc_sgl.launch_router", description=__doc__.splitlines()[0],
+                                epilog="Every other flag goes to each worker (python -m rksc_sgl.launch_server).")
+    p.add_argument("--workers", type=int, default=2, help="rksc-sgl workers to start (default: %(default)s)")
+    p.add_argument("--policy", default="pinned", help=f"{', '.join(POLICIES)} (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="the router's address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=30000, help="the router's port (default: %(default)s)")
+    p.add_argument("--router-python", default=None, help="interpreter with sglang-router installed")
+    p.add_argument("--log-dir", type=Path, default=None, help="worker and router logs (default: a temporary folder)")
+    args, worker_args = p.parse_known_args(argv)
+    if args.workers < 1:
+        p.error(f"--workers must be >= 1, got {args.workers}")
+    if args.policy not in POLICIES:
+        p.error(f"--policy must be one of {', '.join(POLICIES)}, got {args.policy!r}")
+    for flag in ("--host", "--port"):
+        if any(a == flag or a.startswith(flag + "=") for a in worker_args):
+            p.error(f"{flag} is the router's; workers get free loopback ports")
+    try:
+        args.router_python = router_python(args.router_python)
+    except ValueError as e:
+        p.error(str(e))
+    return args, worker_args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, worker_args = parse_args(argv)
+    if worker_args:  # our flags and flag conflicts fail here, before any worker loads a model
+        from rksc_sgl.launch_server import split_args
+
+        split_args(worker_args)
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="rksc-router-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"starting {args.workers} workers (logs in {log_dir})", flush=True)
+    c = Cluster(args.workers, worker_args, log_dir, args.router_python)
+    try:
+        url = c.start_router(args.policy, args.host, args.port)
+        print(f"router ({args.policy}) on {url} -> {' '.join(c.worker_urls)}", flush=True)
+        c.router.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""HTTP servers as child processes: a free port, a wait for readiness, a stop that always happens.
+
+Used by ``rksc_sgl.launch_router`` (its workers), ``benchmarks.load`` and the integration tests.
+Readiness is ``/health_generate`` answering 200: SGLang's ``/health`` answers before the scheduler
+can serve, ``/health_generate`` runs one generation through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+from rksc_sgl.protocol import KV_POOL_KEY
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 240,
+                 route: str = "/health_generate") -> None:
+    """Until ``url + route`` answers 200; RuntimeError if ``proc`` exits first, TimeoutError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before becoming healthy")
+        try:
+            if requests.get(url + route, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"server at {url} not healthy after {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def spawn(module: str, args: list[str], log: Path, env: dict[str, str] | None = None,
+          python: str = sys.executable, port: int | None = None,
+          host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """``python -m module args --host HOST --port PORT`` with output to ``log``; (process, base URL)."""
+    port = port or free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [python, "-m", module, *args, "--host", host, "--port", str(port)],
+            stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return proc, f"http://{local}:{port}"
+
+
+@contextlib.contextmanager
+def http_server(module: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                timeout_s: float = 240) -> Iterator[str]:
+    """``python -m module args`` on a free loopback port: its base URL once it serves a
+    generation; stopped on exit. ``log_dir/server.log`` keeps its output (shown if start-up fails)."""
+    log = Path(log_dir) / "server.log"
+    proc, url = spawn(module, args, log, env)
+    try:
+        wait_healthy(url, proc, timeout_s)
+    except Exception:
+        stop(proc, timeout_s=5)
+        raise RuntimeError(f"python -m {module} failed to start; log:\n{log.read_text()[-4000:]}") from None
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+def kv_pool(url: str) -> dict[str, int]:
+    """The first scheduler's KV pool readback (``radix_ext.introspection``) over HTTP."""
+    return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0][KV_POOL_KEY]

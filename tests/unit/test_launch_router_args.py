@@ -1,0 +1,51 @@
+"""``python -m rksc_sgl.launch_router``'s command line: bad values fail before any worker starts,
+naming the flag; every flag it does not know goes to the workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rksc_sgl import launch_router
+
+
+@pytest.fixture()
+def fake_router_python(tmp_path, monkeypatch):
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setenv(launch_router.ROUTER_ENV, str(python))
+    return str(python)
+
+
+def test_unknown_flags_go_to_the_workers(fake_router_python):
+    args, worker_args = launch_router.parse_args(["--workers", "3", "--rsbcm", "--max-total-tokens", "4096"])
+    assert (args.workers, args.policy, args.router_python) == (3, "pinned", fake_router_python)
+    assert worker_args == ["--rsbcm", "--max-total-tokens", "4096"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--workers", "0"], "--workers"), (["--policy", "sticky"], "--policy"),
+                                        (["--router-python", "/nonexistent/python"], "--router-python")])
+def test_bad_values_exit_2_naming_the_flag(argv, flag, fake_router_python, capsys):
+    with pytest.raises(SystemExit) as exc:
+        launch_router.parse_args(argv)
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_a_worker_flag_conflict_fails_before_any_worker_starts(fake_router_python, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(launch_router, "Cluster", lambda *a, **k: started.append(a))
+    with pytest.raises(SystemExit) as exc:
+        launch_router.main(["--rsbcm", "--radix-eviction-policy", "lfu"])
+    assert exc.value.code == 2 and "--radix-eviction-policy" in capsys.readouterr().err
+    assert not started
+
+
+def test_pinned_is_the_routers_sticky_key_policy():
+    assert launch_router.POLICIES["pinned"] == ["--policy", "manual", "--assignment-mode", "min_group"]
+
+
+def test_without_a_router_install_the_error_says_how_to_get_one(monkeypatch, tmp_path):
+    monkeypatch.delenv(launch_router.ROUTER_ENV, raising=False)
+    monkeypatch.setattr(launch_router, "FRONT_VENV_PYTHON", tmp_path / "missing")
+    monkeypatch.setattr(launch_router.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="make front"):
+        launch_router.router_python()

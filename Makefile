@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check -q --no-compile
+PIP := $(PY) -m pip --disable-pip-version-check -q
+INSTALL := $(PIP) install --no-compile
 STAMP := $(VENV)/.rksc-installed
 PYTEST_ARGS ?=
 
@@ -21,11 +22,11 @@ install: $(STAMP)
 # 5. this project, editable, with --no-deps; then the start-up hook of rksc_sgl.cpu_shims.
 $(STAMP): pyproject.toml requirements/cpu.lock requirements/data.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install torch==2.13.0
-	$(PIP) install --no-deps sglang==0.5.23 torchvision==0.28.0
-	$(PIP) install -r requirements/cpu.lock
-	$(PIP) install --no-deps -r requirements/data.lock
-	$(PIP) install --no-deps -e .
+	$(INSTALL) torch==2.13.0
+	$(INSTALL) --no-deps sglang==0.5.23 torchvision==0.28.0
+	$(INSTALL) -r requirements/cpu.lock
+	$(INSTALL) --no-deps -r requirements/data.lock
+	$(INSTALL) --no-deps -e .
 	$(PY) -m rksc_sgl.cpu_shims
 	touch $(STAMP)
 
@@ -35,7 +36,7 @@ front: $(FRONT_STAMP)
 
 $(FRONT_STAMP): requirements/front.lock
 	test -x $(FRONT)/bin/python || $(PYTHON) -m venv $(FRONT)
-	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/front.lock
+	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install --no-compile -r requirements/front.lock
 	touch $(FRONT_STAMP)
 
 model: install

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-INSTALL := $(PIP) install --no-compile
+INSTALL := $(PIP) install
 STAMP := $(VENV)/.rksc-installed
 PYTEST_ARGS ?=
 
@@ -36,7 +36,7 @@ front: $(FRONT_STAMP)
 
 $(FRONT_STAMP): requirements/front.lock
 	test -x $(FRONT)/bin/python || $(PYTHON) -m venv $(FRONT)
-	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install --no-compile -r requirements/front.lock
+	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/front.lock
 	touch $(FRONT_STAMP)
 
 model: install

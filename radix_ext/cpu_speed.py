@@ -16,7 +16,11 @@ count again. Set them in the environment of the process that starts SGLang; spaw
 inherit it.
 
 **Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU was slower than oneDNN
-with pre-packed weights for the shapes of a decode step. ``use_onednn_linears`` swaps the
+with pre-packed weights for the shapes of a decode step, and faster for long prefill chunks
+(SmolLM2's shapes, one process, 2 threads: oneDNN took 0.5-0.9x of MKL's time from 8 to 256 rows
+and 1.0-1.2x from 512 rows; a 2,000-token prefill ran at 242 tok/s with oneDNN for every
+row count against 311 with MKL and 339 for stock). So inputs of more than
+``RKSC_CPU_ONEDNN_MAX_ROWS`` rows (default 256) keep ``F.linear``. ``use_onednn_linears`` swaps the
 ``quant_method`` of every unquantized float32 linear (and of the LM head) for a subclass whose
 ``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight packed once; the weight is
 re-packed if it is modified. Both are IEEE float32 with another summation order: outputs differ from
@@ -30,6 +34,7 @@ import functools
 import os
 
 import torch
+import torch.nn.functional as F
 
 THREADS_ENV = "RKSC_CPU_THREADS"
 LARGE_TOKENS_ENV = "RKSC_CPU_LARGE_FORWARD_TOKENS"
@@ -80,11 +85,15 @@ def _env_int(name: str, default: int) -> int:
 
 
 ONEDNN_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0" keeps SGLang's F.linear (for ablations)
+MAX_ROWS_ENV = "RKSC_CPU_ONEDNN_MAX_ROWS"
+MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more rows than this (prefill chunks): MKL's F.linear
 PACKED_ATTR = "_rksc_onednn_weight"
 
 
 def _onednn_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     weight = layer.weight
+    if x.numel() > MAX_ROWS * x.shape[-1]:
+        return F.linear(x, weight, bias)
     key = (weight.data_ptr(), weight._version)
     packed = layer.__dict__.get(PACKED_ATTR)
     if packed is None or packed[0] != key:  # first use, or the weights were updated in place

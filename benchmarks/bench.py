@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
             "machine": machine(),
             "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
-            "max_total_tokens": args.max_total_tokens, "pool_fraction": args.pool_fraction,
+            "pool_fraction": args.pool_fraction,  # each row records its own max_total_tokens
             "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}

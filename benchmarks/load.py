@@ -25,7 +25,6 @@ import math
 import shlex
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from tqdm import tqdm
 
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
+from rksc_sgl.frontend import RkscEndpoint
 
 RESULTS = Path("benchmarks/results/load.jsonl")
 
@@ -92,24 +92,18 @@ def working_set(texts: list[str], settings: LoadSettings, model_path: str) -> tu
     return sum(lengths) + len(texts) * settings.forks * settings.max_new_tokens, max(lengths) + settings.max_new_tokens
 
 
-class TimedEndpoint:
-    """A ``RkscEndpoint`` that also records every request's latency (made lazily: imports SGLang)."""
+class TimedEndpoint(RkscEndpoint):
+    """``RkscEndpoint`` that also records every request's latency."""
 
-    def __new__(cls, url: str):
-        from rksc_sgl.frontend import RkscEndpoint
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url)
+        self.latencies: list[float] = []
 
-        class _Timed(RkscEndpoint):
-            def __init__(self, base_url: str) -> None:
-                super().__init__(base_url)
-                self.latencies: list[float] = []
-
-            def _send(self, data, routing_key=None):
-                t0 = time.perf_counter()
-                out = super()._send(data, routing_key)
-                self.latencies.append(time.perf_counter() - t0)  # list.append is atomic
-                return out
-
-        return _Timed(url)
+    def _send(self, data, routing_key=None):
+        t0 = time.perf_counter()
+        out = super()._send(data, routing_key)
+        self.latencies.append(time.perf_counter() - t0)  # list.append is atomic
+        return out
 
 
 def walk_away(url: str, index: int) -> str:
@@ -184,17 +178,11 @@ def run_load(url: str, settings: LoadSettings, progress: bool = True) -> dict:
 
 
 def settle(url: str, timeout_s: float = 60.0) -> dict:
-    """The KV pool once every slot is free or evictable (nothing held by a request, none leaked),
-    or as it is at the deadline; and whether the server still serves a generation."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pool = servers.kv_pool(url)
-        balanced = pool["available"] + pool["evictable"] == pool["total"] and pool["protected"] == 0
-        if balanced or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    """The KV pool once settled (``servers.settled_pool``, or at the deadline), and whether the
+    server still serves a generation."""
+    pool = servers.settled_pool(lambda: servers.kv_pool(url), timeout_s)
     serving = requests.get(url + "/health_generate", timeout=60).status_code == 200
-    return {"kv_pool": pool, "kv_balanced": balanced, "server_serving": serving}
+    return {"kv_pool": pool, "kv_balanced": servers.is_settled(pool), "server_serving": serving}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,9 +17,8 @@ inherit it.
 
 **Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU was slower than oneDNN
 with pre-packed weights for the shapes of a decode step, and faster for long prefill chunks
-(SmolLM2's shapes, one process, 2 threads: oneDNN took 0.5-0.9x of MKL's time from 8 to 256 rows
-and 1.0-1.2x from 512 rows; a 2,000-token prefill ran at 242 tok/s with oneDNN for every
-row count against 311 with MKL and 339 for stock). So inputs of more than
+(``python -m benchmarks.prefill_compare`` shows the effect on a 2,000-token prefill; README,
+"Measured on this machine"). So inputs of more than
 ``RKSC_CPU_ONEDNN_MAX_ROWS`` rows (default 256) keep ``F.linear``. ``use_onednn_linears`` swaps the
 ``quant_method`` of every unquantized float32 linear (and of the LM head) for a subclass whose
 ``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight packed once; the weight is

@@ -26,10 +26,10 @@ import dataclasses
 import json
 import os
 import threading
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any
+
+import requests
 
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
@@ -177,18 +177,15 @@ class RkscEndpoint(RuntimeEndpoint):
         return totals
 
     def _send(self, data: dict[str, Any], routing_key: str | None = None):
-        """POST ``data`` to ``/generate`` (SGLang's transport, plus the routing-key header)."""
-        if routing_key is None:
-            return super()._generate_http_request(None, data)
-        headers = {"Content-Type": "application/json; charset=utf-8", ROUTING_KEY_HEADER: routing_key}
+        """POST ``data`` to ``/generate``, with the program's routing key as a header if given.
+        (SGLang's ``http_request`` takes no headers; ``requests`` honours ``verify`` as it does.)"""
+        headers = {} if routing_key is None else {ROUTING_KEY_HEADER: routing_key}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.base_url + "/generate", data=json.dumps(data).encode(), headers=headers)
-        try:
-            with urllib.request.urlopen(req) as res:
-                return json.loads(res.read())
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(e.read().decode(errors="replace")) from None
+        res = requests.post(self.base_url + "/generate", json=data, headers=headers,
+                            verify=True if self.verify is None else self.verify)
+        self._assert_success(res)
+        return res.json()
 
     def _add_images(self, s, data: dict[str, Any]) -> None:
         if s is not None:  # _send has no program state (SGLang's version dereferences it)

@@ -98,8 +98,9 @@ class Cluster:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         self.log_dir = Path(log_dir)
         self.python = router_python(python)
-        device = next((worker_args[i + 1] for i, a in enumerate(worker_args[:-1]) if a == "--device"), "cpu")
-        env = worker_env(workers, device == "cpu")
+        from rksc_sgl.launch_server import flag_value
+
+        env = worker_env(workers, flag_value(worker_args, "device") in (None, "cpu"))
         self.workers = [servers.spawn("rksc_sgl.launch_server", worker_args, self.log_dir / f"worker{i}.log", env)
                         for i in range(workers)]
         self.router = None
@@ -177,9 +178,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         p.error(f"--workers must be >= 1, got {args.workers}")
     if args.policy not in POLICIES:
         p.error(f"--policy must be one of {', '.join(POLICIES)}, got {args.policy!r}")
-    for flag in ("--host", "--port"):
-        if any(a == flag or a.startswith(flag + "=") for a in worker_args):
-            p.error(f"{flag} is the router's; workers get free loopback ports")
     try:
         args.router_python = router_python(args.router_python)
     except ValueError as e:

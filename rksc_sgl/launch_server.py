@@ -47,15 +47,15 @@ def server_fields(argv: list[str]) -> dict[str, object]:
     """The SGLang fields our options can conflict with, as given in ``argv``."""
     fields: dict[str, object] = {}
     for field in ("radix_eviction_policy", "radix_cache_backend", "tp_size", "tp"):
-        value = _value(argv, field)
+        value = flag_value(argv, field)
         if value:
             fields["tp_size" if field == "tp" else field] = value
-    if _value(argv, "disable_radix_cache") is not None:
+    if flag_value(argv, "disable_radix_cache") is not None:
         fields["disable_radix_cache"] = True
     return fields
 
 
-def _value(argv: list[str], field: str) -> str | None:
+def flag_value(argv: list[str], field: str) -> str | None:
     """The value given to ``--field`` in ``argv`` ("" for a bare flag), or None if absent."""
     flag = f"--{field.replace('_', '-')}"
     for i, arg in enumerate(argv):
@@ -69,12 +69,12 @@ def _value(argv: list[str], field: str) -> str | None:
 def sglang_argv(argv: list[str], config: RkscConfig) -> list[str]:
     """SGLang's argv: the model path, the CPU defaults and our implied settings, then the user's."""
     defaults: list[str] = []
-    if _value(argv, "model_path") is None:
+    if flag_value(argv, "model_path") is None:
         defaults += ["--model-path", resolve_model_path(None)]
-    on_cpu = _value(argv, "device") in (None, "cpu")
+    on_cpu = flag_value(argv, "device") in (None, "cpu")
     implied = {**(CPU_DEFAULTS if on_cpu else {}), **config.server_overrides()}
     for field, value in implied.items():
-        if _value(argv, field) is not None:
+        if flag_value(argv, field) is not None:
             continue
         flag = f"--{field.replace('_', '-')}"
         defaults += [flag] if value is True else [] if value is False else [flag, str(value)]
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     config, rest = split_args(argv)
     final_argv = sglang_argv(rest, config)
-    prepare_environment({"device": _value(final_argv, "device") or "cpu"}, config)
+    prepare_environment({"device": flag_value(final_argv, "device") or "cpu"}, config)
 
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -87,6 +87,21 @@ def http_server(module: str, args: list[str], log_dir: Path, env: dict[str, str]
         stop(proc)
 
 
+def settled_pool(read_pool, timeout_s: float = 60.0) -> dict[str, int]:
+    """``read_pool()`` (a KV pool readback, ``radix_ext.introspection``) once every slot is free or
+    evictable, i.e. no request holds KV and none leaked; or as it reads at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pool = read_pool()
+        if is_settled(pool) or time.monotonic() > deadline:
+            return pool
+        time.sleep(0.05)
+
+
+def is_settled(pool: dict[str, int]) -> bool:
+    return pool["protected"] == 0 and pool["available"] + pool["evictable"] == pool["total"]
+
+
 def kv_pool(url: str) -> dict[str, int]:
     """The first scheduler's KV pool readback (``radix_ext.introspection``) over HTTP."""
     return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0][KV_POOL_KEY]

@@ -1,23 +1,18 @@
 """KV pool checks shared by the integration tests, synchronised on the scheduler's state.
 
 A response can reach the client a moment before the scheduler has retired its request (released
-its lock on the tree), so a leak check polls the pool until nothing is protected, within a
-deadline, instead of reading it once or sleeping a guessed time.
+its lock on the tree), so a leak check polls the pool until it settles, within a deadline
+(``rksc_sgl.servers.settled_pool``), instead of reading it once or sleeping a guessed time.
 """
 
 from __future__ import annotations
 
-import time
+from rksc_sgl import servers
 
 
 def wait_until_idle(backend, timeout_s: float = 30.0) -> dict:
-    """The KV pool once no request holds KV (``protected == 0``); AssertionError at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pool = backend.kv_pool()
-        if pool["protected"] == 0 or time.monotonic() > deadline:
-            return pool
-        time.sleep(0.05)
+    """The KV pool once no request holds KV and every slot is free or evictable (or at the deadline)."""
+    return servers.settled_pool(backend.kv_pool, timeout_s)
 
 
 def assert_no_kv_leak(backend) -> None:

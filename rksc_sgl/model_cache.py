@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -69,7 +70,7 @@ def default_model_path(convert: Converter | None = None) -> Path:
         source = source_gguf()
         tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.tmp-", dir=target.parent))
         try:
-            logger.info("converting %s GGUF to %s (one-time, ~1 min)", MODEL_NAME, target)
+            logger.info("converting %s GGUF to %s (one-time, ~20 s)", MODEL_NAME, target)
             started = time.monotonic()
             (convert or convert_gguf)(source, tmp)
             (tmp / MARKER).write_text(json.dumps(_fingerprint(source), indent=1) + "\n")
@@ -108,21 +109,48 @@ def convert_gguf(source: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        source.parent, gguf_file=source.name, dtype=torch.float32
-    )
-    model.hf_quantizer = None  # the GGUF quantizer marks the model unserialisable
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir)
-    tokenizer.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset
-    tokenizer.save_pretrained(out_dir)
-    if not (out_dir / "generation_config.json").is_file():
-        cfg = model.config
-        ids = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        GenerationConfig(**ids).save_pretrained(out_dir)
-    _check_tokenizer(AutoTokenizer.from_pretrained(out_dir), source)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=torch.float32
+        )
+        model.hf_quantizer = None  # the GGUF quantizer marks the model unserialisable
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out_dir)
+        tokenizer.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset
+        tokenizer.save_pretrained(out_dir)
+        if not (out_dir / "generation_config.json").is_file():
+            cfg = model.config
+            ids = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+            GenerationConfig(**ids).save_pretrained(out_dir)
+        _check_tokenizer(AutoTokenizer.from_pretrained(out_dir), source)
+
+
+@contextmanager
+def _gguf_parsed_once():
+    """Within the block, ``gguf.GGUFReader(path)`` returns one shared reader per path.
+
+    transformers parses the whole GGUF anew for the tokenizer, the config and the weights
+    (``from gguf import GGUFReader`` inside ``load_gguf_checkpoint``), and our check once more:
+    four parses of the 49k-token vocabulary, most of the conversion's time. A reader is read-only
+    (memory-mapped), so sharing it changes nothing in the output.
+    """
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def shared_reader(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _check_tokenizer(tokenizer, source: Path) -> None:

@@ -126,3 +126,39 @@ class TestResolveModelPath:
     def test_hub_id_is_rejected_naming_the_flag(self):
         with pytest.raises(ValueError, match="--model-path.*only local model folders"):
             model_cache.resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+class TestOneGgufParse:
+    """The conversion parses the GGUF once: transformers asks for a reader three times."""
+
+    @pytest.fixture
+    def tiny_gguf(self, tmp_path) -> Path:
+        gguf = pytest.importorskip("gguf")
+        path = tmp_path / "tiny.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_uint32("tiny.answer", 42)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    def test_readers_are_shared_inside_and_fresh_outside(self, tiny_gguf):
+        import gguf
+
+        original = gguf.GGUFReader
+        with model_cache._gguf_parsed_once():
+            from gguf import GGUFReader  # how transformers imports it, inside its function
+
+            first, again = GGUFReader(tiny_gguf), GGUFReader(str(tiny_gguf))
+            assert first is again
+            assert first.fields["tiny.answer"].contents() == 42
+        assert gguf.GGUFReader is original
+        assert original(tiny_gguf) is not first
+
+    def test_the_original_reader_is_restored_after_an_error(self, tiny_gguf):
+        import gguf
+
+        original = gguf.GGUFReader
+        with pytest.raises(RuntimeError), model_cache._gguf_parsed_once():
+            raise RuntimeError("conversion failed")
+        assert gguf.GGUFReader is original

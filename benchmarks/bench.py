@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="held-out solved exemplars in front of every question (default: %(default)s)")
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="problems (programs) in flight at once (default: all; bon-verify: 16)")
+    p.add_argument("--cgee-thresholds", default=None,
+                   help="CGEE modes: a calibrate_cgee JSON file, its per-dataset thresholds where it has them "
+                        "(default: RkscConfig's pooled ones)")
     p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
     p.add_argument("--pool-fraction", type=float, default=None,
@@ -72,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
         args.pool_tokens = pool_by_dataset(args) if args.pool_fraction is not None else None
         args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots,
-                                      args.max_concurrency)
+                                      args.max_concurrency, args.cgee_thresholds)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -192,6 +195,7 @@ def build_rows(args, results, meta) -> list[dict]:
                 "cgee_error": run.stats.get("cgee_error"), "cgee_errors": run.stats.get("cgee_errors"),
                 "cgee_error_ub95": run.stats.get("cgee_error_ub95"),
                 "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
+                "cgee_thresholds": run.stats.get("cgee_thresholds"),
                 **{k: v for k, v in run.stats.items() if k.startswith("asks_")},
                 **(substitution_quality(run.details, exact_run.details)
                    if "asks" in mode.mechanisms and run.details is not None and exact_run is not None else {}),

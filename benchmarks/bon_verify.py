@@ -135,14 +135,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--datasets", default="gsm8k,arc-challenge,mmlu-stem,gpqa")
     p.add_argument("--limit", type=int, default=50, help="first problems of each dataset (the evaluation split)")
     p.add_argument("--num-candidates", type=int, default=4)
-    p.add_argument("--thresholds", default=None, help="a calibrate_cgee JSON file (default: RkscConfig's)")
+    p.add_argument("--thresholds", default=None,
+                   help="a calibrate_cgee JSON file, its per-dataset entries where it has them (default: RkscConfig's)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=TAU,MARGIN,THETA,EPS,MIN_LAYER",
                    help="an extra CGEE mode with these thresholds (repeatable)")
     p.add_argument("--chunk", type=int, default=16, help="problems generated and verified per round")
     p.add_argument("--repeats", type=int, default=2, help="verification phases per round and mode (median)")
     p.add_argument("--out", default="benchmarks/results/bon_verify.jsonl")
     args = p.parse_args(argv)
-    thresholds = CgeeThresholds.load(args.thresholds) if args.thresholds else CgeeThresholds.from_config()
+    names = [x for x in args.datasets.split(",") if x]
+    thresholds = {name: CgeeThresholds.load(args.thresholds, name) if args.thresholds else CgeeThresholds.from_config()
+                  for name in names}
     variants = {}
     for spec in args.variant:
         name, _, values = spec.partition("=")
@@ -157,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     backend = EngineBackend(launch_engine(log_level="error"))
     rows = []
     try:
-        for name in args.datasets.split(","):
+        for name in names:
             new_rows = measure(backend, name, args.limit, num_candidates=args.num_candidates,
-                               thresholds=thresholds, variants=variants, chunk=args.chunk, repeats=args.repeats)
+                               thresholds=thresholds[name], variants=variants, chunk=args.chunk, repeats=args.repeats)
             with open(args.out, "a") as f:  # per dataset: a long run keeps what it finished
                 for row in new_rows:
                     f.write(json.dumps({**row, "command": command}) + "\n")

@@ -1,7 +1,8 @@
 """``python -m benchmarks.calibrate_cgee``: choose CGEE's thresholds for a target error, with a bound.
 
     python -m benchmarks.calibrate_cgee --dataset gsm8k,arc-challenge,mmlu-stem,gpqa \\
-        --calibration-size 100 --reserve 60 --target-error 0.05 --out benchmarks/results/cgee_thresholds.json
+        --calibration-size 100 --reserve 60 --target-error 0.05 --per-dataset \\
+        --out benchmarks/results/cgee_thresholds.json
 
 The calibration split of each dataset is its *last* ``--calibration-size`` problems; the
 evaluation split (``benchmarks.bon_verify.measure``, ``programs.datasets.load(name, limit)``) is its
@@ -18,6 +19,12 @@ one-sided 95% Clopper-Pearson upper bound on that error is <= ``--target-error``
 is written to ``--out``, with the numbers it was chosen on. Choosing among many settings on the
 same data makes this bound optimistic: the bound that counts is the one ``benchmarks.bon_verify``
 reports on the disjoint evaluation split.
+
+The datasets' splits are pooled for ``thresholds`` (``RkscConfig``'s defaults). A pooled bound
+can hide one dataset's much higher error (SmolLM2-135M: MMLU-STEM's 4-way answers agree by
+chance, so confident skips are wrong more often), so ``--per-dataset`` also runs the search on
+each dataset's split alone and writes ``per_dataset``; ``CgeeThresholds.load(path, dataset)``
+prefers that entry. Each is calibrated on its dataset's problems only, so its bound is wider.
 """
 
 from __future__ import annotations
@@ -145,6 +152,13 @@ def search(data: CalibrationSet, target_error: float) -> dict:
     }
 
 
+def per_dataset(records: list[dict], target_error: float) -> dict[str, dict]:
+    """``search`` on each dataset's records alone: {dataset: {"thresholds", "calibration"}}."""
+    names = dict.fromkeys(r["dataset"] for r in records)
+    return {name: search(load_records([r for r in records if r["dataset"] == name]), target_error)
+            for name in names}
+
+
 def collect(backend, datasets: list[str], size: int, reserve: int, num_candidates: int, seed: int) -> list[dict]:
     from benchmarks.bon_verify import solve_batch
     from programs.bon import candidate_tokens
@@ -181,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--raw", default="benchmarks/results/cgee_calibration_raw.json",
                    help="where the diagnostics are saved (read back with --from-raw)")
     p.add_argument("--from-raw", action="store_true", help="search again on saved diagnostics, no engine")
+    p.add_argument("--per-dataset", action="store_true",
+                   help="also choose thresholds for each dataset on its own split (per_dataset in --out)")
     args = p.parse_args(argv)
     if not 0 < args.target_error < 1:
         p.error(f"--target-error must be in (0, 1), got {args.target_error}")
@@ -204,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     chosen = search(data, args.target_error)
     chosen["calibration"]["decision_agreement_if_all_exit_at_layer"] = dict(
         zip(range(2, data.entropies.shape[-1] + 1), lens_agreement(data)))
+    if args.per_dataset:
+        chosen["per_dataset"] = per_dataset(records, args.target_error)
     chosen |= {"target_error": args.target_error, "datasets": datasets,
                "calibration_split": f"last {args.calibration_size} problems of each dataset",
                "command": "python -m benchmarks.calibrate_cgee " + " ".join(sys.argv[1:] if argv is None else argv)}

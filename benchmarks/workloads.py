@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from typing import Any, Callable
 
 from benchmarks.modes import Mode
@@ -25,9 +26,19 @@ class BenchSettings(SamplingConfig):
     # Problems (programs) in flight at once; None: all of them. Bounding it keeps a run's working
     # set inside the KV pool, so a mode's reuse is not lost to its own concurrency.
     max_concurrency: int | None = None
+    # CGEE modes: thresholds from this calibrate_cgee file (per dataset where it has them);
+    # None: RkscConfig's (pooled) defaults.
+    cgee_thresholds: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.cgee_thresholds is not None:
+            from rksc_sgl.verify import CgeeThresholds
+
+            try:
+                CgeeThresholds.load(self.cgee_thresholds)
+            except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+                raise ValueError(f"--cgee-thresholds {self.cgee_thresholds!r}: not a calibrate_cgee file ({e!r})") from e
         if self.shots < 0:
             raise ValueError(f"--shots must be >= 0, got {self.shots}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -90,7 +101,9 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from benchmarks.bon_verify import solve_batch, summarize
     from rksc_sgl.verify import CgeeThresholds
 
-    verify_modes = {"full": None, "cgee": CgeeThresholds.from_config()} if mode.cgee else {"full": None}
+    thresholds = (CgeeThresholds.load(settings.cgee_thresholds, problems[0].dataset) if settings.cgee_thresholds
+                  else CgeeThresholds.from_config())
+    verify_modes = {"full": None, "cgee": thresholds} if mode.cgee else {"full": None}
     results, verify_s = solve_batch(problems, settings, backend, modes=verify_modes, exemplars=exemplars,
                                    chunk=settings.max_concurrency or 16)
     used = list(verify_modes)[-1]
@@ -101,6 +114,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
                                      "cgee_error_ub95")}
         # Verification phase alone, CGEE against full depth on the same candidates, same engine.
         stats["cgee_verify_time_ratio"] = row["verify_time_ratio_vs_full"]
+        stats["cgee_thresholds"] = dataclasses.asdict(thresholds)
     return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results],
                        [[c.answer for c in r.candidates] for r in results],
                        [[digest(c.context) for c in r.candidates] for r in results], stats,

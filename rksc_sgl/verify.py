@@ -51,10 +51,13 @@ class CgeeThresholds:
                    config.cgee_min_layer)
 
     @classmethod
-    def load(cls, path: str) -> "CgeeThresholds":
-        """Read a file written by ``benchmarks.calibrate_cgee`` (validated like the flags)."""
+    def load(cls, path: str, dataset: str | None = None) -> "CgeeThresholds":
+        """Read a file written by ``benchmarks.calibrate_cgee`` (validated like the flags): the
+        thresholds calibrated on ``dataset`` alone if the file has them (``--per-dataset``), else
+        the pooled ones."""
         with open(path) as f:
-            values = json.load(f)["thresholds"]
+            calibration = json.load(f)
+        values = calibration.get("per_dataset", {}).get(dataset, calibration)["thresholds"]
         config = RkscConfig(**{f"cgee_{k}": v for k, v in values.items()})  # ValueError naming the flag
         return cls.from_config(config)
 

@@ -81,3 +81,18 @@ def test_pool_fraction_sizes_each_datasets_pool_from_an_uncapped_run(tmp_path, c
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_cgee_thresholds_file_is_checked_at_start_naming_the_flag(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "bon-verify", "--cgee-thresholds", str(tmp_path / "missing.json")])
+    assert "--cgee-thresholds" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"thresholds": {"tau_conf": 0.5, "margin": 7, "theta": 0.1, "epsilon": 0.02, "min_layer": 30}}')
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "bon-verify", "--cgee-thresholds", str(bad)])
+    assert "--cgee-margin" in capsys.readouterr().err
+    from pathlib import Path
+
+    committed = str(Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cgee_thresholds.json")
+    assert parse_args(["--workload", "bon-verify", "--cgee-thresholds", committed]).settings.cgee_thresholds == committed

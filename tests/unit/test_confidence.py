@@ -108,6 +108,17 @@ class TestCommittedDefaults:
         path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cgee_thresholds.json"
         assert CgeeThresholds.from_config(RkscConfig()) == CgeeThresholds.load(str(path))
 
+    def test_a_dataset_gets_its_own_thresholds_where_the_file_has_them(self, tmp_path):
+        import json
+
+        pooled = {"tau_conf": 0.2, "margin": 0.8, "theta": 0.1, "epsilon": 0.02, "min_layer": 30}
+        strict = {**pooled, "tau_conf": 1.0, "margin": 1.0}
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"thresholds": pooled, "per_dataset": {"mmlu-stem": {"thresholds": strict}}}))
+        assert CgeeThresholds.load(str(path), "mmlu-stem") == CgeeThresholds(**strict)
+        assert CgeeThresholds.load(str(path), "gsm8k") == CgeeThresholds(**pooled)
+        assert CgeeThresholds.load(str(path)) == CgeeThresholds(**pooled)
+
     def test_bad_thresholds_name_the_flag(self):
         with pytest.raises(ValueError, match="--cgee-margin"):
             RkscConfig(cgee_margin=1.5)

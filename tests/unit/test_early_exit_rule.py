@@ -153,6 +153,24 @@ class TestCalibrationSearch:
         assert chosen["calibration"]["errors"] == 0 and chosen["calibration"]["skip_rate"] == 0.5
         assert chosen["calibration"]["mean_batch_exit_layer"] == 13
 
+    def test_per_dataset_search_sees_what_pooling_hides(self):
+        from benchmarks.calibrate_cgee import load_records, per_dataset, search
+
+        # "easy": the synthetic set (a confident skip is always right). "hard": the same, except that
+        # on 2 of its 80 problems two of three candidates agree and the full-depth verifier prefers
+        # the third, so skipping them is wrong. Pooled (160 problems, up to 3 errors under a 5%
+        # bound) the search skips them; on "hard" alone (80 problems: no error allowed) it must not.
+        easy = [{**r, "dataset": "easy"} for r in synthetic_records()]
+        hard = [{**r, "dataset": "hard"} for r in synthetic_records()]
+        for r in hard[:2]:
+            r["answers"], r["scores"] = ["a", "a", "b"], [0.1, 0.1, 0.9]
+            r["lens_scores"] = [[s] * 30 for s in r["scores"]]
+        pooled = search(load_records(easy + hard), target_error=0.05)["calibration"]
+        split = per_dataset(easy + hard, target_error=0.05)
+        assert pooled["errors"] == 2 and pooled["skip_rate"] == 0.5
+        assert split["easy"]["calibration"]["errors"] == 0 and split["easy"]["calibration"]["skip_rate"] == 0.5
+        assert split["hard"]["calibration"]["errors"] == 0 and split["hard"]["calibration"]["skip_rate"] == 38 / 80
+
     def test_refuses_a_target_the_sample_cannot_support(self):
         from benchmarks.calibrate_cgee import load_records, search
 

@@ -75,18 +75,28 @@ def worker_env(workers: int, device_cpu: bool) -> dict[str, str]:
     return {"RKSC_CPU_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
 
 
-def wait_routing(url: str, timeout_s: float = 120) -> None:
-    """Until the router forwards a generation (workers register in the background after start-up)."""
+def all_registered(workers_payload: dict, worker_urls: list[str]) -> bool:
+    """Whether the router's ``GET /workers`` answer lists every one of ``worker_urls`` as healthy."""
+    healthy = {w.get("url") for w in workers_payload.get("workers", []) if w.get("is_healthy")}
+    return set(worker_urls) <= healthy
+
+
+def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120) -> None:
+    """Until the router lists every worker as healthy and forwards a generation. Workers register
+    in the background after the router starts; routing keys seen before the last one registers
+    would all be pinned to the first (``min_group`` counts only registered workers)."""
     deadline = time.monotonic() + timeout_s
     body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     while time.monotonic() < deadline:
         try:
-            if requests.post(url + "/generate", json=body, timeout=30).status_code == 200:
+            listed = requests.get(url + "/workers", timeout=30)
+            if (listed.status_code == 200 and all_registered(listed.json(), worker_urls)
+                    and requests.post(url + "/generate", json=body, timeout=30).status_code == 200):
                 return
-        except requests.RequestException:
+        except (requests.RequestException, ValueError):
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"router at {url} routed nothing within {timeout_s} s")
+    raise TimeoutError(f"router at {url} did not list {len(worker_urls)} healthy workers and route within {timeout_s} s")
 
 
 class Cluster:
@@ -130,7 +140,7 @@ class Cluster:
         self.router, url = servers.spawn("sglang_router.launch_router", args, log, python=self.python, port=port,
                                          host=host)
         try:
-            wait_routing(url)
+            wait_routing(url, self.worker_urls)
         except Exception:
             self.stop_router()
             raise RuntimeError(f"sglang-router failed to route; log:\n{log.read_text()[-3000:]}") from None

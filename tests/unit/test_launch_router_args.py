@@ -49,3 +49,15 @@ def test_without_a_router_install_the_error_says_how_to_get_one(monkeypatch, tmp
     monkeypatch.setattr(launch_router.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="make front"):
         launch_router.router_python()
+
+
+def test_routing_waits_for_every_worker_to_be_listed_healthy():
+    from rksc_sgl.launch_router import all_registered
+
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    # the shape of sglang-router 0.3.2's GET /workers (fields we do not read left out)
+    one = {"workers": [{"url": urls[0], "is_healthy": True}], "total": 1}
+    both = {"workers": [{"url": urls[0], "is_healthy": True}, {"url": urls[1], "is_healthy": True}], "total": 2}
+    sick = {"workers": [{"url": urls[0], "is_healthy": True}, {"url": urls[1], "is_healthy": False}], "total": 2}
+    assert not all_registered(one, urls) and not all_registered(sick, urls) and not all_registered({}, urls)
+    assert all_registered(both, urls)

@@ -43,6 +43,15 @@ def _grouped_bars(ax, rows, datasets, modes, value, title, baseline_line=None, e
     ax.legend(fontsize=8)
 
 
+SPEEDUPS = (("speedup_vs_no_cache", "speed-up vs no-cache (wall time)"),
+            ("speedup_vs_exact", "speed-up vs exact prefix caching"))
+
+
+def speedup_panels(rows: list[dict]) -> list[tuple[str, str]]:
+    """The speed-up panels a run has data for (a run without ``no-cache`` has no first panel)."""
+    return [(key, title) for key, title in SPEEDUPS if any(r.get(key) is not None for r in rows)] or [SPEEDUPS[1]]
+
+
 def plot(path: Path, out_dir: Path) -> list[Path]:
     rows = latest_run(path)
     workload = rows[0]["workload"]
@@ -51,9 +60,10 @@ def plot(path: Path, out_dir: Path) -> list[Path]:
     caption = f"{workload}, {rows[0]['model']}, n={rows[0]['n_problems']}/dataset, commit {rows[0]['commit']}, {rows[0]['date']}"
     written = []
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    _grouped_bars(axes[0], rows, datasets, modes, lambda r: r["speedup_vs_no_cache"], "speed-up vs no-cache (wall time)", 1.0)
-    _grouped_bars(axes[1], rows, datasets, modes, lambda r: r["speedup_vs_exact"], "speed-up vs exact prefix caching", 1.0)
+    panels = speedup_panels(rows)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        _grouped_bars(ax, rows, datasets, modes, lambda r, key=key: r.get(key), title, 1.0)
     fig.suptitle(caption, fontsize=9)
     fig.tight_layout()
     written.append(out_dir / f"{workload}_speedup.png")

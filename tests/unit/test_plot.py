@@ -24,3 +24,15 @@ def test_only_the_latest_run_is_drawn_and_both_figures_are_written(tmp_path):
     written = plot(results, tmp_path)
     assert [p.name for p in written] == ["sc_speedup.png", "sc_accuracy.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000 for p in written)
+
+
+def test_a_run_without_no_cache_draws_no_empty_panel(tmp_path):
+    from benchmarks.plot import speedup_panels
+
+    capped = [{**row("1", "gsm8k", m, 1.0, 0.3), "speedup_vs_no_cache": None} for m in ("exact", "rsbcm-only")]
+    assert [key for key, _ in speedup_panels(capped)] == ["speedup_vs_exact"]
+    full = [row("1", "gsm8k", m, 1.0, 0.3) for m in ("no-cache", "exact")]
+    assert [key for key, _ in speedup_panels(full)] == ["speedup_vs_no_cache", "speedup_vs_exact"]
+    results = tmp_path / "capped.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in capped) + "\n")
+    assert all(p.stat().st_size > 10_000 for p in plot(results, tmp_path))

@@ -31,11 +31,11 @@ class RkscConfig:
     # CGEE verify() defaults (rksc_sgl.verify). Level 1 skips verification when the winner's
     # confidence >= tau_conf and beats the runner-up by the relative margin; level 2 exits at the
     # first layer >= min_layer with lens entropy < theta that moved < epsilon (nats). Values:
-    # benchmarks/results/cgee_thresholds.json ("thresholds": pooled), calibrated for SmolLM2-135M with seeded sampling on
-    # 400 held-apart problems (the last 100 of each dataset) for a 5% bound on CGEE error
-    # (`python -m benchmarks.calibrate_cgee`, see its docstring). Its logit lens decides like the
-    # full depth on at most 62% of problems before layer 30, so the calibration switches level 2
-    # off (min_layer = L = 30): recalibrate for another model.
+    # the pooled "thresholds" of benchmarks/results/cgee_thresholds.json, calibrated for
+    # SmolLM2-135M with seeded sampling on 400 held-apart problems (the last 100 of each dataset)
+    # for a 5% bound on CGEE error (`python -m benchmarks.calibrate_cgee`, see its docstring). Its
+    # logit lens decides like the full depth on at most 62% of problems before layer 30, so the
+    # calibration switches level 2 off (min_layer = L = 30): recalibrate for another model.
     cgee_tau_conf: float = 0.2
     cgee_margin: float = 0.8
     cgee_theta: float = 0.1

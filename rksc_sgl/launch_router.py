@@ -5,7 +5,8 @@
 Starts ``--workers`` ``python -m rksc_sgl.launch_server`` processes on free loopback ports (every
 flag this command does not know goes to each worker: ours such as ``--rsbcm``, and SGLang's), waits
 until each serves a generation, then starts sglang-router in front of them on ``--host:--port`` and
-waits until it lists every worker healthy and routes one. It runs until interrupted, then stops the router and the workers.
+waits until it lists every worker healthy and routes one. It runs until interrupted, then stops
+the router and the workers.
 
 Routing (``--policy``):
 

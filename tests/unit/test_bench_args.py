@@ -96,3 +96,14 @@ def test_cgee_thresholds_file_is_checked_at_start_naming_the_flag(capsys, tmp_pa
 
     committed = str(Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cgee_thresholds.json")
     assert parse_args(["--workload", "bon-verify", "--cgee-thresholds", committed]).settings.cgee_thresholds == committed
+
+
+def test_a_bad_per_dataset_entry_fails_at_start_too(capsys, tmp_path):
+    import json
+
+    good = {"tau_conf": 0.2, "margin": 0.8, "theta": 0.1, "epsilon": 0.02, "min_layer": 30}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"thresholds": good, "per_dataset": {"gpqa": {"thresholds": {**good, "margin": 7}}}}))
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "bon-verify", "--cgee-thresholds", str(path)])
+    assert "--cgee-margin" in capsys.readouterr().err

@@ -12,8 +12,8 @@ Routing (``--policy``):
 
 * ``pinned`` (default): the router's ``manual`` policy with ``--assignment-mode min_group``. Every
   request of a program carries the program's key in ``X-SMG-Routing-Key`` (``RkscEndpoint`` sends
-  it), the router pins each new key to the worker holding the fewest keys and keeps it there, so a
-  program's forks meet their shared prefix in that worker's radix tree. Requests without the key
+  it), the router pins each new key to the worker with the fewest keys in flight (ties at random)
+  and keeps it there, so a program's forks meet their shared prefix in that worker's radix tree. Requests without the key
   are spread at random.
 * ``cache_aware``: the router's prefix-match approximation (``--cache-threshold``, load balance):
   forks usually, not always, land with their prefix.
@@ -85,7 +85,7 @@ def all_registered(workers_payload: dict, worker_urls: list[str]) -> bool:
 def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120) -> None:
     """Until the router lists every worker as healthy and forwards a generation. Workers register
     in the background after the router starts; routing keys seen before the last one registers
-    would all be pinned to the first (``min_group`` counts only registered workers)."""
+    would all be pinned to the first (``min_group`` chooses among registered workers only)."""
     deadline = time.monotonic() + timeout_s
     body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     while time.monotonic() < deadline:

@@ -1,13 +1,12 @@
 """Two rksc-sgl workers behind sglang-router (``rksc_sgl.launch_router``, policy ``pinned``): a
-program's requests all reach the worker that holds its prefix, programs spread over both workers,
-and forking programs run through the router with ``RkscEndpoint``."""
+program's requests all reach the worker that holds its prefix, a new program goes to a worker with
+no program in flight, and forking programs run through the router with ``RkscEndpoint``."""
 
 from __future__ import annotations
 
 import pytest
 import requests
 
-from rksc_sgl import servers
 from rksc_sgl.frontend import ROUTING_KEY_HEADER
 from rksc_sgl.launch_router import cluster
 from tests.conftest import TEST_POOL_TOKENS
@@ -31,7 +30,16 @@ def generate(url: str, text: str, key: str, max_new_tokens: int) -> dict:
     return res.json()["meta_info"]
 
 
-def test_every_fork_of_a_program_finds_its_prefix_cached_and_programs_use_both_workers(routed):
+def holds(worker_url: str, text: str) -> bool:
+    """Whether ``text`` is in the worker's radix cache (asked directly, not through the router)."""
+    res = requests.post(worker_url + "/generate", timeout=120,
+                        json={"text": text, "sampling_params": {"max_new_tokens": 0}})
+    assert res.status_code == 200, res.text
+    meta = res.json()["meta_info"]
+    return meta["cached_tokens"] >= meta["prompt_tokens"] - 1
+
+
+def test_every_fork_of_a_program_finds_its_prefix_cached(routed):
     url, c = routed
     c.flush()
     for i in range(6):
@@ -40,7 +48,25 @@ def test_every_fork_of_a_program_finds_its_prefix_cached_and_programs_use_both_w
         for b in range(3):
             meta = generate(url, prefix + f"Branch {b}:", f"program-{i}", 4)
             assert meta["cached_tokens"] >= committed - 1, (i, b, meta, committed)
-    assert all(servers.kv_pool(w)["evictable"] > 0 for w in c.worker_urls)  # each worker holds programs
+
+
+def test_a_new_program_goes_to_the_worker_with_no_program_in_flight(routed):
+    # ``min_group`` counts the routing keys with a request in flight on each worker (ties at
+    # random), so the spread shows while one program is still running: hold its stream open.
+    url, c = routed
+    c.flush()
+    running, arriving = PROMPT.format(i=100) * 4, PROMPT.format(i=200) * 4
+    body = {"text": running, "stream": True,
+            "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+    with requests.post(url + "/generate", headers={ROUTING_KEY_HEADER: "program-running"}, json=body,
+                       stream=True, timeout=120) as held:
+        assert held.status_code == 200, held.text
+        chunks = held.iter_lines()
+        next(chunk for chunk in chunks if chunk)  # its first token: in flight on one worker
+        generate(url, arriving, "program-arriving", 0)
+        assert any(b"[DONE]" in chunk for chunk in chunks)  # let it finish, so its prompt is cached
+    where = [[holds(w, text) for w in c.worker_urls] for text in (running, arriving)]
+    assert sorted(map(sum, where)) == [1, 1] and where[0] != where[1], where
 
 
 def test_forking_programs_through_the_router_reuse_their_prompt(routed):

@@ -7,12 +7,14 @@ rows this small) and calls SDPA once. With 8 streams that is 240 gathers and 240
 step. Here the KV slots of the whole batch are looked up once per step (``DecodeSlots``, padded to
 the longest request), and each layer does two ``index_select`` gathers and one SDPA call over
 ``[batch, heads, 1, head_dim]`` with a padding mask. Extend keeps stock's per-request loop but
-queries only the request's new tokens (see ``RkscCpuAttnBackend``). Any layer kind this does
-not cover (cross attention, sliding windows, encoder lengths, SWA pools) stays with the parent.
+queries only the request's new tokens when they are at most half of it (``extend_attention``,
+``RkscCpuAttnBackend``). Any layer kind this does not cover (cross attention, sliding windows,
+encoder lengths, SWA pools) stays with the parent.
 
 Numerics: the same CPU flash-attention kernel as stock, over the same key order; padding columns
 get probability exactly 0, so outputs agree with stock up to float summation order (~1e-7), and
-exactly for one request, for equal-length batches and for the prefill of a fresh prompt.
+exactly for one request, for equal-length batches, for the prefill of a fresh prompt and for an
+extend longer than its cached prefix.
 
 ``create_backend`` also applies the CPU speed settings of ``radix_ext.cpu_speed``: oneDNN linears
 with pre-packed weights, and the thread policy, once per forward.
@@ -91,11 +93,24 @@ def extend_attention(
     scale: float | None = None,
 ) -> torch.Tensor:  # [q_heads, extend_len, v_head_dim]
     """Causal attention of one request's new tokens; new token ``i`` sits at position
-    ``seq_len - extend_len + i`` and sees the keys up to and including its own."""
+    ``seq_len - extend_len + i`` and sees the keys up to and including its own.
+
+    Behind a cached prefix, the new tokens' rows of the causal mask are a bottom-right band that
+    SDPA's ``is_causal`` (top-left aligned) cannot express, so they go with an explicit mask:
+    ``extend_len x seq_len`` scores, every one computed. The causal kernel skips the blocks above
+    the diagonal, ``seq_len^2 / 2`` scores for every row of the sequence; so when the new tokens
+    are more than half the sequence (a long prompt behind a short cached one), the cached
+    positions get zero queries, the whole sequence goes causal and only the new rows are kept:
+    stock's computation, bit for bit, and fewer scores than the mask.
+    """
     extend_len, seq_len = query.shape[1], keys.shape[1]
     prefix_len = seq_len - extend_len
     mask = None
     if prefix_len > 0 and extend_len > 1:
+        if 2 * extend_len > seq_len:
+            padded = query.new_zeros(query.shape[0], seq_len, query.shape[2])
+            padded[:, prefix_len:] = query
+            return extend_attention(padded, keys, values, scale)[:, prefix_len:]
         positions = torch.arange(seq_len, device=query.device)
         mask = positions[None, :] <= positions[prefix_len:, None]  # [extend_len, seq_len]
     if keys.dtype != query.dtype:

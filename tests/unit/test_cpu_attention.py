@@ -138,7 +138,8 @@ def run_extend(b, backend_class) -> torch.Tensor:
 
 
 class TestExtendAttention:
-    CASES = [([0], [7]), ([30], [1]), ([0, 120, 5, 0, 250], [1, 5, 40, 33, 3])]
+    # Fresh prompts, one new token, and short (masked) and long (padded causal) extends.
+    CASES = [([0], [7]), ([30], [1]), ([0, 120, 5, 0, 250], [1, 5, 40, 33, 3]), ([2, 64], [200, 65])]
 
     @pytest.mark.parametrize("prefix_lens,extend_lens", CASES)
     def test_matches_float64_reference(self, prefix_lens, extend_lens):
@@ -156,6 +157,20 @@ class TestExtendAttention:
     def test_fresh_prompt_is_bit_identical_to_stock(self):
         b = make_extend_batch([0], [300])
         assert torch.equal(run_extend(b, RkscCpuAttnBackend), run_extend(b, TorchNativeAttnBackend))
+
+    def test_extend_longer_than_its_prefix_is_bit_identical_to_stock(self):
+        b = make_extend_batch([3], [300])
+        assert torch.equal(run_extend(b, RkscCpuAttnBackend), run_extend(b, TorchNativeAttnBackend))
+
+    @pytest.mark.parametrize("prefix_len,extend_len,kernel",
+                             [(3, 300, "causal"), (149, 151, "causal"), (150, 150, "mask")])
+    def test_an_extend_takes_the_kernel_with_fewer_scores(self, monkeypatch, prefix_len, extend_len, kernel):
+        calls = []
+        sdpa = F.scaled_dot_product_attention
+        monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or sdpa(*a, **kw))
+        run_extend(make_extend_batch([prefix_len], [extend_len]), RkscCpuAttnBackend)
+        kernels = ["mask" if kw["attn_mask"] is not None else "causal" if kw["is_causal"] else "none" for kw in calls]
+        assert kernels == [kernel]
 
 
 class TestDecodeSlots:

@@ -4,7 +4,7 @@
 
 ``ours`` is the CPU default engine, ``mkl`` the same with ``RKSC_CPU_ONEDNN_LINEARS=0`` (every
 linear through MKL's ``F.linear``), ``stock`` SGLang's ``torch_native`` backend with its own sampler.
-All engines stay up; each repeat prefills one fresh prompt per variant in turn (the same measure
+All engines stay up; each repeat prefills one new prompt per variant in turn (the same measure
 as ``benchmarks.speed``'s prefill); medians and samples are printed. A narrower tool than
 ``benchmarks.speed``, for finding where a prefill gap comes from.
 """

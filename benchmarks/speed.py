@@ -6,7 +6,8 @@ For each dtype it starts three in-process engines: ours (the CPU defaults), stoc
 ``torch_native`` attention) and ours with SGLang's own sampler (``seeded_sampling`` off), warms
 them up, and measures (median of ``--repeats``, engines alternating): greedy decode throughput of
 N streams from one short prompt (``--new-tokens`` each, EOS ignored) and prefill throughput of one
-``--prefill-tokens``-token prompt that shares nothing with the cache, ours against stock; and
+``--prefill-tokens``-token prompt that shares only its first token with the cache (the rate
+counts the tokens computed), ours against stock; and
 sampled decode (temperature ``--temperature``, every stream seeded) at ``--sampled-streams``,
 ours against ours with SGLang's sampler: the cost of seeded sampling. One JSON line per
 measurement (``tok_s`` ours, ``baseline`` and ``baseline_tok_s``; ``stock_tok_s`` where the
@@ -30,7 +31,8 @@ DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."
 
 
 def prefill_prompt(tokenizer, n_tokens: int, salt: int) -> list[int]:
-    """A prompt of exactly ``n_tokens`` token ids, different for every ``salt`` (no cache reuse)."""
+    """A prompt of exactly ``n_tokens`` token ids, different for every ``salt`` from its second token
+    on (all begin with ``item``, so a prefill extends a 1-token cached prefix)."""
     words = " ".join(f"item{salt}-{i} is number {i * 7 + salt}." for i in range(n_tokens))
     return tokenizer.encode(words)[:n_tokens]
 

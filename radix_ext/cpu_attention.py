@@ -1,5 +1,5 @@
 """Attention backend ``rksc_cpu``: SGLang's ``torch_native`` with one batched decode attention
-and an extend that attends from the new tokens only.
+and an extend that attends from the new tokens only when they are the fewer.
 
 Stock ``torch_native`` decodes request by request: per request and per layer it gathers the keys
 and values with advanced indexing (``k_cache[slots]``, slower on CPU than ``index_select`` for
@@ -123,12 +123,12 @@ def extend_attention(
 
 class RkscCpuAttnBackend(TorchNativeAttnBackend):
     """``TorchNativeAttnBackend`` with one batched decode call per layer, and an extend that
-    attends from the new tokens only.
+    attends from the new tokens only, unless they outnumber the cached prefix (``extend_attention``).
 
     Stock's extend attends from every position of the request, cached prefix included
     (``per_req_query_redudant``), and keeps the last ``extend_len`` rows: a forked branch that
-    adds 5 tokens to a 1,200-token cached prompt paid for 1,200 x 1,200 scores per head and layer
-    instead of 5 x 1,200.
+    adds 5 tokens to a 1,200-token cached prompt paid for 1,200 x 1,200 / 2 scores per head and
+    layer instead of 5 x 1,200.
     """
 
     def __init__(self, model_runner, thread_policy=None):

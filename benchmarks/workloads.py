@@ -35,13 +35,11 @@ class BenchSettings(SamplingConfig):
         if self.cgee_thresholds is not None:
             from rksc_sgl.verify import CgeeThresholds
 
-            try:  # every entry, so a bad per-dataset one fails here, not hours into a run
-                with open(self.cgee_thresholds) as f:
-                    names = [None, *json.load(f).get("per_dataset", {})]
-                for name in names:
-                    CgeeThresholds.load(self.cgee_thresholds, name)
+            try:  # checks every entry, so a bad per-dataset one fails here, not hours into a run
+                CgeeThresholds.load(self.cgee_thresholds)
             except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
-                raise ValueError(f"--cgee-thresholds {self.cgee_thresholds!r}: not a calibrate_cgee file ({e!r})") from e
+                raise ValueError(
+                    f"--cgee-thresholds {self.cgee_thresholds!r}: not a calibrate_cgee file ({e!r})") from e
         if self.shots < 0:
             raise ValueError(f"--shots must be >= 0, got {self.shots}")
         if self.max_concurrency is not None and self.max_concurrency < 1:

@@ -13,8 +13,8 @@ Routing (``--policy``):
 * ``pinned`` (default): the router's ``manual`` policy with ``--assignment-mode min_group``. Every
   request of a program carries the program's key in ``X-SMG-Routing-Key`` (``RkscEndpoint`` sends
   it), the router pins each new key to the worker with the fewest keys in flight (ties at random)
-  and keeps it there, so a program's forks meet their shared prefix in that worker's radix tree. Requests without the key
-  are spread at random.
+  and keeps it there, so a program's forks meet their shared prefix in that worker's radix tree.
+  Requests without the key are spread at random.
 * ``cache_aware``: the router's prefix-match approximation (``--cache-threshold``, load balance):
   forks usually, not always, land with their prefix.
 * any other sglang-router policy (``round_robin``, ``random``, ``power_of_two``).
@@ -97,7 +97,8 @@ def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120) -> No
         except (requests.RequestException, ValueError):
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"router at {url} did not list {len(worker_urls)} healthy workers and route within {timeout_s} s")
+    raise TimeoutError(
+        f"router at {url} did not list {len(worker_urls)} healthy workers and route within {timeout_s} s")
 
 
 class Cluster:

@@ -52,14 +52,15 @@ class CgeeThresholds:
 
     @classmethod
     def load(cls, path: str, dataset: str | None = None) -> "CgeeThresholds":
-        """Read a file written by ``benchmarks.calibrate_cgee`` (validated like the flags): the
-        thresholds calibrated on ``dataset`` alone if the file has them (``--per-dataset``), else
-        the pooled ones."""
+        """Read a file written by ``benchmarks.calibrate_cgee``: the thresholds calibrated on
+        ``dataset`` alone if the file has them (``--per-dataset``), else the pooled ones. Every
+        entry is validated like the flags (ValueError naming the flag), whichever is asked for."""
         with open(path) as f:
             calibration = json.load(f)
-        values = calibration.get("per_dataset", {}).get(dataset, calibration)["thresholds"]
-        config = RkscConfig(**{f"cgee_{k}": v for k, v in values.items()})  # ValueError naming the flag
-        return cls.from_config(config)
+        entries = {None: calibration, **calibration.get("per_dataset", {})}
+        loaded = {name: cls.from_config(RkscConfig(**{f"cgee_{k}": v for k, v in entry["thresholds"].items()}))
+                  for name, entry in entries.items()}
+        return loaded.get(dataset, loaded[None])
 
     def exit_params(self, lens_token_ids: Sequence[int] = ()) -> EarlyExitParams:
         return EarlyExitParams(theta=self.theta, epsilon=self.epsilon, min_layer=self.min_layer,

@@ -118,6 +118,10 @@ class TestCommittedDefaults:
         assert CgeeThresholds.load(str(path), "mmlu-stem") == CgeeThresholds(**strict)
         assert CgeeThresholds.load(str(path), "gsm8k") == CgeeThresholds(**pooled)
         assert CgeeThresholds.load(str(path)) == CgeeThresholds(**pooled)
+        bad = {"mmlu-stem": {"thresholds": {**strict, "margin": 7}}}
+        path.write_text(json.dumps({"thresholds": pooled, "per_dataset": bad}))
+        with pytest.raises(ValueError, match="--cgee-margin"):  # another dataset's bad entry fails too
+            CgeeThresholds.load(str(path), "gsm8k")
 
     def test_bad_thresholds_name_the_flag(self):
         with pytest.raises(ValueError, match="--cgee-margin"):

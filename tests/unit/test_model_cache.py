@@ -6,6 +6,7 @@ for the GGUF, so these run in about a second.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
@@ -154,6 +155,21 @@ class TestOneGgufParse:
             assert first.fields["tiny.answer"].contents() == 42
         assert gguf.GGUFReader is original
         assert original(tiny_gguf) is not first
+
+    def test_transformers_gguf_loader_reads_through_the_shared_reader(self, tiny_gguf, monkeypatch):
+        # Pins the seam: transformers imports ``GGUFReader`` from ``gguf`` inside its loader, at
+        # call time. Were it bound at import, the conversion would parse the GGUF four times again.
+        import gguf
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        built = []
+        real = gguf.GGUFReader
+        monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **kw: built.append(a) or real(*a, **kw))
+        with model_cache._gguf_parsed_once():
+            for _ in range(2):
+                with contextlib.suppress(Exception):  # the tiny file has no model in it
+                    load_gguf_checkpoint(str(tiny_gguf))
+        assert len(built) == 1
 
     def test_the_original_reader_is_restored_after_an_error(self, tiny_gguf):
         import gguf

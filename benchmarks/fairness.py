@@ -48,6 +48,7 @@ CONFIGS = {
     "max-n+queue": "--max-n 64 --max-queued-requests 64",
 }
 DEFAULT_CONFIGS = ["uncapped", "max-n+queue"]
+READBACK_TIMEOUT_S = 300  # a server busy with the heavy client answers its readback slowly
 HEAVY_PROMPT = "Write a long essay about rivers:"
 LIGHT_PROMPT = "The capital of France is"
 
@@ -66,14 +67,14 @@ def heavy_request(url: str, rid: str, n: int, tokens: int) -> int:
     body = {"text": HEAVY_PROMPT, "rid": rid,
             "sampling_params": {"n": n, "max_new_tokens": tokens, "ignore_eos": True, "temperature": 1.0}}
     try:
-        return requests.post(url + "/generate", json=body, timeout=900).status_code
+        return requests.post(url + "/generate", json=body, timeout=300).status_code  # then the client gives up
     except requests.RequestException:
         return -1
 
 
 def held(url: str) -> bool:
     """Requests queued or KV held (a server without the request counts shows only the latter)."""
-    pool = servers.kv_pool(url)
+    pool = servers.kv_pool(url, timeout_s=READBACK_TIMEOUT_S)
     return pool.get("queued_requests", 0) > 0 or pool["total"] - pool["available"] - pool["evictable"] > 0
 
 
@@ -87,15 +88,20 @@ def run_config(url: str, args: argparse.Namespace, max_n: int) -> dict:
         sizes = [args.heavy_samples] if args.heavy_samples <= max_n else [max_n] * math.ceil(args.heavy_samples / max_n)
         for i, n in enumerate(sizes):
             heavy.append(pool.submit(heavy_request, url, f"heavy-{run}-{i}", n, args.heavy_tokens))
-        deadline = time.monotonic() + 60
-        while not held(url) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(args.settle_s)  # let the heavy work reach the scheduler's queue
-        queued_at_start = servers.kv_pool(url).get("queued_requests")
-        loaded = [light_request(url, args.light_tokens, args.light_timeout_s) for _ in range(args.light_requests)]
-        requests.post(url + "/abort_request", json={"rid": f"heavy-{run}"}, timeout=30)
+        try:
+            deadline = time.monotonic() + 120
+            while not held(url) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(args.settle_s)  # let the heavy work reach the scheduler's queue
+            queued_at_start = servers.kv_pool(url, timeout_s=READBACK_TIMEOUT_S).get("queued_requests")
+            loaded = []
+            for _ in range(args.light_requests):
+                loaded.append(light_request(url, args.light_tokens, args.light_timeout_s))
+                print(f"light request under load: {loaded[-1]}", file=sys.stderr, flush=True)
+        finally:  # the heavy children must not outlive the measurement
+            requests.post(url + "/abort_request", json={"rid": f"heavy-{run}"}, timeout=READBACK_TIMEOUT_S)
         heavy_status = [f.result() for f in heavy]
-    pool_after = servers.settled_pool(lambda: servers.kv_pool(url), 60)
+    pool_after = servers.settled_pool(lambda: servers.kv_pool(url, timeout_s=READBACK_TIMEOUT_S), 120)
     latencies = [r["latency_s"] for r in loaded]
     return {
         "heavy_requests": len(sizes), "heavy_n": sizes[0],
@@ -112,8 +118,8 @@ def run_config(url: str, args: argparse.Namespace, max_n: int) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fairness", description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
-    p.add_argument("--heavy-samples", type=int, default=512, help="samples the heavy client wants (default: %(default)s)")
-    p.add_argument("--heavy-tokens", type=int, default=32, help="new tokens per heavy sample (default: %(default)s)")
+    p.add_argument("--heavy-samples", type=int, default=256, help="samples the heavy client wants (default: %(default)s)")
+    p.add_argument("--heavy-tokens", type=int, default=16, help="new tokens per heavy sample (default: %(default)s)")
     p.add_argument("--light-requests", type=int, default=2)
     p.add_argument("--light-tokens", type=int, default=8)
     p.add_argument("--light-timeout-s", type=float, default=60.0)
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                 Path(log_dir)) as url:
                 result = run_config(url, args, int(flags[flags.index("--max-n") + 1]))
         rows.append({"run_id": run_id, "config": name, "server_args": server_args, "url": args.url,
-                     "pool_tokens": servers.kv_pool(args.url)["total"] if args.url else args.pool_tokens,
+                     "pool_tokens": servers.kv_pool(args.url, READBACK_TIMEOUT_S)["total"] if args.url else args.pool_tokens,
                      "commit": git_commit(),
                      "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": MODEL_NAME, "command": command,
                      "heavy_samples": args.heavy_samples, "heavy_tokens": args.heavy_tokens,

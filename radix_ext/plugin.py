@@ -11,8 +11,10 @@ radix cache is built, so registrations made here are visible where the cache is 
   scheduler error;
 * the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``) and our
   series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.metrics``);
-* a refusal (HTTP 400) of empty prompts, which kill stock SGLang's CPU scheduler
+* a refusal (HTTP 400, naming the field and its limit) of requests that would kill, stall or be
+  misread by stock SGLang: empty prompts, out-of-range logprob fields, n beyond ``--max-n``
   (``radix_ext.request_guards``);
+* an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.abort_children``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
 * with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``).
@@ -46,9 +48,12 @@ def load() -> None:
     HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
     stats.install()
     metrics.install()
-    from radix_ext import request_guards  # requests that would kill SGLang's CPU scheduler
+    from radix_ext import request_guards  # requests that would kill, stall or be misread by SGLang
 
-    request_guards.install()
+    request_guards.install(max_n=config.max_n)
+    from radix_ext import abort_children  # an abort of an n > 1 request reaches its samples
+
+    abort_children.install()
     from radix_ext import cpu_attention  # attention backend "rksc_cpu": batched CPU decode
 
     cpu_attention.install()

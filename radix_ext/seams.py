@@ -9,7 +9,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import asks, early_exit, exit_requests, introspection, metrics, plugin, request_guards, sampler
+    from radix_ext import (abort_children, asks, early_exit, exit_requests, introspection, metrics, plugin,
+                           request_guards, sampler)
 
     return {
         "plugin": (
@@ -20,6 +21,10 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.arg_groups.choices.RADIX_EVICTION_POLICY_CHOICES",
             "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices",
             request_guards.VALIDATE_TARGET, request_guards.PARALLEL_SAMPLING_TARGET,
+            request_guards.SAMPLING_VERIFY_TARGET, request_guards.CONTRACT_TARGET,
+            request_guards.COMPLETION_VALIDATE_TARGET, request_guards.MAX_QUEUED_SOURCE,
+            request_guards.SAMPLING_FIELDS,
+            abort_children.BATCH_TARGET, abort_children.ABORT_TARGET,
         ),
         "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),
         "Prometheus metrics": (metrics.PROCESS_BATCH_RESULT, metrics.ON_IDLE),

@@ -53,6 +53,9 @@ class RkscConfig:
     asks_min_tail: int = 16  # the donor's subtree must continue with >= this many of our tokens
     asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
     asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
+    # The most samples one request may ask for (sampling_params.n, OpenAI n): SGLang expands a
+    # request into n queued children, so an unbounded n holds the queue (radix_ext.request_guards).
+    max_n: int = 64
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -61,6 +64,8 @@ class RkscConfig:
                 raise ValueError(f"--{flag_name(field.name)} must be true or false, got {value!r}")
         _check_cgee(self)
         _check_asks(self)
+        if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
+            raise ValueError(f"--max-n must be an int >= 1, got {self.max_n!r}")
 
     @property
     def uses_backend(self) -> bool:
@@ -101,6 +106,10 @@ def check_server_args(config: RkscConfig, server: dict[str, Any]) -> None:
     backend = server.get("radix_cache_backend")
     if mine and backend not in (None, BACKEND_NAME):
         raise ValueError(f"{' and '.join(mine)} run in --radix-cache-backend {BACKEND_NAME}, not {backend}")
+    queued = server.get("max_queued_requests")
+    if queued is not None and str(queued).isdigit() and int(queued) < config.max_n:
+        raise ValueError(f"--max-n {config.max_n} exceeds --max-queued-requests {queued}: a request of n samples "
+                         "queues n requests; lower --max-n to at most the queue")
     tp = server.get("tp_size")
     if config.asks and tp is not None and int(tp) > 1:
         raise ValueError(f"--asks needs --tp-size 1 (got {tp}): each rank would decide on its own shard's "

@@ -46,7 +46,7 @@ def split_args(argv: list[str]) -> tuple[RkscConfig, list[str]]:
 def server_fields(argv: list[str]) -> dict[str, object]:
     """The SGLang fields our options can conflict with, as given in ``argv``."""
     fields: dict[str, object] = {}
-    for field in ("radix_eviction_policy", "radix_cache_backend", "tp_size", "tp"):
+    for field in ("radix_eviction_policy", "radix_cache_backend", "tp_size", "tp", "max_queued_requests"):
         value = flag_value(argv, field)
         if value:
             fields["tp_size" if field == "tp" else field] = value

@@ -102,6 +102,6 @@ def is_settled(pool: dict[str, int]) -> bool:
     return pool["protected"] == 0 and pool["available"] + pool["evictable"] == pool["total"]
 
 
-def kv_pool(url: str) -> dict[str, int]:
+def kv_pool(url: str, timeout_s: float = 30) -> dict[str, int]:
     """The first scheduler's KV pool readback (``radix_ext.introspection``) over HTTP."""
-    return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0][KV_POOL_KEY]
+    return requests.get(f"{url}/server_info", timeout=timeout_s).json()["internal_states"][0][KV_POOL_KEY]

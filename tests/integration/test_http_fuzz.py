@@ -8,7 +8,10 @@ nothing held: no bad request may kill the scheduler, leak a KV slot or stall ano
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
+import time
+import urllib.parse
 
 import pytest
 import requests
@@ -79,6 +82,26 @@ BAD: list[tuple[str, object, str]] = [
     ("/v1/completions", {"model": "default", "prompt": [[]]}, "empty"),
     ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": "x"}, "max_tokens"),
     ("/v1/completions", {"model": "default", "prompt": [5, 10**9]}, "vocab"),
+    # Request-size fields the scheduler indexes or expands with (radix_ext/request_guards.py); the
+    # first two killed or stalled stock SGLang, the third was silently ignored.
+    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 100000,
+                   "sampling_params": {"max_new_tokens": 4}}, "top_logprobs_num must be in [0, 49152]"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 100000}}, "--max-n"),
+    ("/generate", {"text": "hi", "custom_params": {"rksc": {"depth": 1}}, "sampling_params": {"max_new_tokens": 4}},
+     "custom_params is not a top-level field"),
+    ("/generate", {"text": "hi", "top_logprob_num": 3}, "top_logprob_num"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 65}}, "--max-n"),
+    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 49153}, "top_logprobs_num"),
+    ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len"),
+    ("/generate", {"text": "hi", "return_logprob": True, "token_ids_logprob": [1] * 49153}, "token_ids_logprob"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 2,
+                                                     "stop_token_ids": [100000]}}, "stop_token_ids"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2, "logprobs": 100000}, "top_logprobs_num"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2, "n": 100000}, "--max-n"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2, "best_of": 4}, "best_of"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "logprobs": True, "top_logprobs": 100000},
+     "top_logprobs"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "n": 100000}, "--max-n"),
 ]
 
 
@@ -120,3 +143,56 @@ def test_bad_requests_get_4xx_naming_the_field_while_good_ones_complete(server_u
     assert statuses == [200] * len(BAD)
     assert good(server_url, 0).status_code == 200
     assert_no_kv_leak(HttpPool(server_url))
+
+
+# n > 1 requests dropped mid-way: SGLang runs each sample as a child with a fresh rid, so the
+# parent's abort and the client's disconnect must reach every child (radix_ext/abort_children.py).
+# Each child would decode for minutes, far past the pool check's deadline, unless stopped.
+LONG_RUN = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 1.0}
+
+
+def wait_until_decoding(url: str, timeout_s: float = 120) -> None:
+    """Until the pool shows KV held by running requests (the children are mid-way)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pool = servers.kv_pool(url)
+        if pool["total"] - pool["available"] - pool["evictable"] >= 16:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the n=16 request never started decoding")
+
+
+def assert_idle_and_no_leak(url: str) -> None:
+    assert_no_kv_leak(HttpPool(url))
+    pool = servers.kv_pool(url)
+    assert (pool["queued_requests"], pool["running_requests"]) == (0, 0), pool
+
+
+def test_an_aborted_n16_request_stops_every_child(server_url):
+    body = {"text": "Tell a long story:", "rid": "fuzz-parent", "sampling_params": {**LONG_RUN, "n": 16}}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(post, server_url, "/generate", body)
+        wait_until_decoding(server_url)
+        assert requests.post(server_url + "/abort_request", json={"rid": "fuzz-parent"}, timeout=30).status_code == 200
+        answer.result(timeout=60)  # the request answers (its children aborted) rather than decoding on
+    assert_idle_and_no_leak(server_url)
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/generate", {"text": "Tell a long story:", "stream": True, "sampling_params": {**LONG_RUN, "n": 16}}),
+    ("/generate", {"text": "Tell a long story:", "sampling_params": {**LONG_RUN, "n": 16}}),
+    (CHAT, {"model": "default", "messages": [{"role": "user", "content": "Tell a long story."}], "stream": True,
+            "n": 16, "max_tokens": 2000, "ignore_eos": True}),
+    ("/v1/completions", {"model": "default", "prompt": "Tell a long story:", "n": 16, "max_tokens": 2000,
+                         "ignore_eos": True}),
+], ids=["generate-stream", "generate", "chat-stream", "completions"])
+def test_a_client_that_walks_away_from_an_n16_request_leaves_no_child(server_url, route, body):
+    conn = http.client.HTTPConnection(urllib.parse.urlsplit(server_url).netloc, timeout=120)
+    try:
+        conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json"})
+        if body.get("stream"):
+            assert conn.getresponse().readline()  # the first chunk arrived: the children are running
+        wait_until_decoding(server_url)
+    finally:
+        conn.close()  # the client goes away mid-way
+    assert_idle_and_no_leak(server_url)

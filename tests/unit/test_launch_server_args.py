@@ -14,11 +14,12 @@ def test_our_flags_are_parsed_with_their_types_and_the_rest_passes_through():
     assert rest == ["--port", "30001"]
 
 
-def test_bad_value_exits_with_status_2_naming_the_flag(capsys):
+@pytest.mark.parametrize("argv,flag", [(["--cgee-tau-conf", "1.5"], "--cgee-tau-conf"), (["--max-n", "0"], "--max-n")])
+def test_bad_value_exits_with_status_2_naming_the_flag(capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
-        split_args(["--cgee-tau-conf", "1.5"])
+        split_args(argv)
     assert exc.value.code == 2
-    assert "--cgee-tau-conf" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
 
 
 def test_config_round_trips_through_the_environment(monkeypatch):
@@ -44,6 +45,7 @@ def test_boolean_options_default_on_can_be_switched_off():
     (["--rsbcm", "--radix-cache-backend=other"], ["--rsbcm", "--radix-cache-backend rksc"]),
     (["--asks", "--tp-size", "2"], ["--asks", "--tp-size 1"]),
     (["--asks", "--tp", "2"], ["--asks", "--tp-size 1"]),
+    (["--max-n", "32", "--max-queued-requests", "16"], ["--max-n 32", "--max-queued-requests 16"]),
 ])
 def test_flag_conflicts_exit_with_status_2_before_sglang_starts(capsys, argv, flags):
     with pytest.raises(SystemExit) as exc:

@@ -10,7 +10,7 @@ import pytest
 
 from radix_ext.early_exit import LAYER_CALL_COUNTER
 from rksc_sgl.protocol import EarlyExitParams
-from rksc_sgl.verify import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
+from rksc_sgl.cgee import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
 from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration

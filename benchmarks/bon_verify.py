@@ -153,11 +153,11 @@ def main(argv: list[str] | None = None) -> None:
         variants[name] = CgeeThresholds(float(tau), float(margin), float(theta), float(eps), int(min_layer))
 
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     command = "python -m benchmarks.bon_verify " + " ".join(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    backend = EngineBackend(launch_engine(log_level="error"))
+    backend = RkscEngineEndpoint(launch_engine(log_level="error"))
     rows = []
     try:
         for name in names:

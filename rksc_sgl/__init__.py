@@ -13,7 +13,7 @@ _EXPORTS = {
     "RkscConfig": "rksc_sgl.config",
     "launch_engine": "rksc_sgl.engine",
     "default_model_path": "rksc_sgl.model_cache",
-    "EngineBackend": "rksc_sgl.frontend",
+    "RkscEngineEndpoint": "rksc_sgl.frontend",
     "RkscEndpoint": "rksc_sgl.frontend",
     # Program primitives: per-branch options (seed, depth, score), scores, verification
     # (a Candidate's token log-probabilities come from token_logprobs; CgeeThresholds.load reads

@@ -6,7 +6,7 @@ candidate is scored by the verifier prompt, its own conversation followed by a u
 whether the solution is correct, so the runtime's radix cache already holds all but that short
 turn. The score is P(Yes) normalised over the Yes/No tokens of the first answer token, read from
 one batched ``/generate`` request (``max_new_tokens=1``, greedy, ``token_ids_logprob``) sent
-through the backend's own transport, so ``EngineBackend`` and ``RkscEndpoint`` both work.
+through the backend's own transport, so ``RkscEngineEndpoint`` and ``RkscEndpoint`` both work.
 
 Level 2 (in the runtime, ``radix_ext.early_exit``): the request carries ``rksc_early_exit``
 options and the forward stops at the first layer whose logit-lens entropy is low and stable.

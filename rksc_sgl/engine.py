@@ -138,7 +138,7 @@ def _own_event_loop() -> Iterator[None]:
     """Make ``sglang.Engine`` bind a new event loop instead of the thread's current one.
 
     ``Engine.__init__`` keeps ``asyncio.get_event_loop()`` as ``engine.loop``, so every engine of a
-    thread shares one loop. ``EngineBackend`` runs its engine's loop forever in a thread; a second
+    thread shares one loop. ``RkscEngineEndpoint`` runs its engine's loop forever in a thread; a second
     engine on that shared loop then fails every call with "this event loop is already running".
     The thread's current loop is restored afterwards. Inside a running loop SGLang uses that loop.
     """

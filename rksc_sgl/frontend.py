@@ -1,7 +1,9 @@
-"""Frontend-language backends: ``RkscEndpoint`` (HTTP) and ``EngineBackend`` (in-process).
+"""Frontend-language backends: ``RkscEndpoint`` (a server's URL) and ``RkscEngineEndpoint`` (an
+in-process engine).
 
 SGLang's frontend (``@sgl.function``, ``fork``, ``gen``, ``select``) ships ``RuntimeEndpoint``, which
-posts JSON to a server. Ours differ from it in three small ways:
+posts JSON to a server. Both of ours are such endpoints (hence the names; the engine one only swaps
+the transport). They differ from SGLang's in these ways:
 
 * per-branch request options (``branch_options``): a sampling seed, and later the fields our
   runtime reads, which ``sgl.gen`` has no parameter for;
@@ -14,7 +16,7 @@ posts JSON to a server. Ours differ from it in three small ways:
   ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
   expressions, so on a fresh state the prefix request was often skipped and sibling branches
   prefilled the prompt separately (``install_fork_prefix_fix``);
-* ``EngineBackend`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
+* ``RkscEngineEndpoint`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
   engine's own event loop, run in one background thread so the fork threads can share it.
 """
 
@@ -247,8 +249,8 @@ class RkscEndpoint(RuntimeEndpoint):
         return self._generate_http_request(None, {"text": text, "sampling_params": params})["meta_info"]
 
 
-class EngineBackend(RkscEndpoint):
-    """``sgl.set_default_backend(EngineBackend(engine))`` runs frontend programs in-process."""
+class RkscEngineEndpoint(RkscEndpoint):
+    """``sgl.set_default_backend(RkscEngineEndpoint(engine))`` runs frontend programs in-process."""
 
     def __init__(self, engine, chat_template_name: str | None = None, timeout_s: float | None = 1800.0):
         # RuntimeEndpoint.__init__ would query a server over HTTP; set its fields directly.
@@ -281,7 +283,8 @@ class EngineBackend(RkscEndpoint):
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise TimeoutError(f"EngineBackend: no result after {timeout_s} s (timeout_s)") from None
+            raise TimeoutError(f"RkscEngineEndpoint: no result after {timeout_s} s (timeout_s)") \
+                from None
 
     def _send(self, data: dict[str, Any], routing_key: str | None = None):  # one engine: no routing
         body = dict(data)
@@ -289,7 +292,7 @@ class EngineBackend(RkscEndpoint):
         return self.run(self.engine.async_generate(**body))
 
     def fill_image(self, s):
-        raise NotImplementedError("EngineBackend serves text programs only")
+        raise NotImplementedError("RkscEngineEndpoint serves text programs only")
 
     def token_ids(self, text: str) -> list[int]:
         return list(self.engine.tokenizer_manager.tokenizer.encode(text, add_special_tokens=False))

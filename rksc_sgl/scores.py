@@ -41,7 +41,7 @@ def report_score(state, score: float, *, depth: int | None = None) -> None:
 
     Call it after the branch's text is generated (it waits for pending gens). ``depth`` defaults
     to the one set with ``branch_options``; a branch without either raises ValueError. Works with
-    any SGLang frontend backend that speaks ``/generate`` (``RkscEndpoint``, ``EngineBackend``,
+    any SGLang frontend backend that speaks ``/generate`` (``RkscEndpoint``, ``RkscEngineEndpoint``,
     SGLang's ``RuntimeEndpoint``); the scores take effect under ``--radix-eviction-policy rsbcm``
     and are harmless otherwise.
     """

@@ -30,9 +30,10 @@ _blockers = itertools.count()
 def backend():
     """An engine whose decoder layers count their calls (SGLang's ``forward_hooks``)."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
-    b = EngineBackend(launch_engine(max_total_tokens=16384, log_level="error", forward_hooks=[LAYER_CALL_COUNTER]))
+    b = RkscEngineEndpoint(launch_engine(max_total_tokens=16384, log_level="error",
+                                         forward_hooks=[LAYER_CALL_COUNTER]))
     yield b
     b.shutdown()
 

@@ -11,7 +11,7 @@ import pytest
 
 import rksc_sgl
 
-CLASSES = ("RkscConfig", "RkscEndpoint", "EngineBackend", "Candidate", "CgeeThresholds")
+CLASSES = ("RkscConfig", "RkscEndpoint", "RkscEngineEndpoint", "Candidate", "CgeeThresholds")
 FUNCTIONS = ("launch_engine", "default_model_path", "branch_options", "report_score", "verify", "token_logprobs")
 
 

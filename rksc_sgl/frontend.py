@@ -36,6 +36,7 @@ import requests
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from sglang.lang.global_config import global_config
+from sglang.utils import http_request
 
 from rksc_sgl.protocol import KV_POOL_KEY, BranchTag
 
@@ -199,12 +200,7 @@ class RkscEndpoint(RuntimeEndpoint):
 
     def token_ids(self, text: str) -> list[int]:
         """``text``'s token ids, no special tokens added (the server's ``/tokenize``)."""
-        from sglang.utils import http_request
-
-        res = http_request(self.base_url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
-                           api_key=self.api_key, verify=self.verify)
-        self._assert_success(res)
-        return list(res.json()["tokens"])
+        return _post(self, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
 
     def _generate_http_request(self, s, data: dict[str, Any]):
         result = self._send(data, program_key(s))
@@ -310,3 +306,40 @@ class RkscEngineEndpoint(RkscEndpoint):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
         self.engine.shutdown()
+
+
+# What rksc-sgl's primitives (report_score, verify) send goes through these two, so that they work
+# through any backend that speaks SGLang's HTTP API, SGLang's own RuntimeEndpoint included.
+
+
+def send_generate(backend, data: dict[str, Any], state=None):
+    """Send the ``/generate`` body ``data`` through ``backend``; the response (a list for a batch).
+
+    Ours add the routing key of ``state``'s program (if given) and count the tokens. SGLang's
+    plain ``RuntimeEndpoint`` has ``data`` posted to its server directly: its
+    ``_generate_http_request`` reads the images of a program state, which these requests lack.
+    """
+    if isinstance(backend, RkscEndpoint):
+        return backend._generate_http_request(state, data)
+    return _post(_require_endpoint(backend), "/generate", data)
+
+
+def token_ids(backend, text: str) -> list[int]:
+    """``text``'s token ids in ``backend``'s vocabulary, no special tokens added."""
+    if isinstance(backend, RkscEndpoint):
+        return backend.token_ids(text)
+    return _post(_require_endpoint(backend), "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+
+
+def _require_endpoint(backend) -> RuntimeEndpoint:
+    if not isinstance(backend, RuntimeEndpoint):
+        raise TypeError(
+            "rksc-sgl's primitives send SGLang /generate requests, so they need an RkscEndpoint, an "
+            f"RkscEngineEndpoint or SGLang's RuntimeEndpoint as the program's backend, not {type(backend).__name__}")
+    return backend
+
+
+def _post(endpoint: RuntimeEndpoint, route: str, body: dict[str, Any]):
+    res = http_request(endpoint.base_url + route, json=body, api_key=endpoint.api_key, verify=endpoint.verify)
+    endpoint._assert_success(res)
+    return res.json()

@@ -16,8 +16,11 @@ the transport). They differ from SGLang's in these ways:
   ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
   expressions, so on a fresh state the prefix request was often skipped and sibling branches
   prefilled the prompt separately (``install_fork_prefix_fix``);
+* a program's image (``sgl.image``) is sent as SGLang's endpoint sends it, to a model that reads
+  images, and refused otherwise (SGLang itself drops it without a word);
 * ``RkscEngineEndpoint`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
-  engine's own event loop, run in one background thread so the fork threads can share it.
+  engine's own event loop, run in one background thread so the fork threads can share it; a
+  stream (``stream=True``) is pulled from the engine's async generator one output at a time.
 """
 
 from __future__ import annotations
@@ -179,20 +182,45 @@ class RkscEndpoint(RuntimeEndpoint):
             totals, self.counters = self.counters, TokenCounters()
         return totals
 
-    def _send(self, data: dict[str, Any], routing_key: str | None = None):
+    def _post_generate(self, data: dict[str, Any], routing_key: str | None, stream: bool = False):
         """POST ``data`` to ``/generate``, with the program's routing key as a header if given.
         (SGLang's ``http_request`` takes no headers; ``requests`` honours ``verify`` as it does.)"""
         headers = {} if routing_key is None else {ROUTING_KEY_HEADER: routing_key}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        res = requests.post(self.base_url + "/generate", json=data, headers=headers,
+        res = requests.post(self.base_url + "/generate", json=data, headers=headers, stream=stream,
                             verify=True if self.verify is None else self.verify)
         self._assert_success(res)
-        return res.json()
+        return res
+
+    def _send(self, data: dict[str, Any], routing_key: str | None = None):
+        """The response to the ``/generate`` body ``data`` (a list for a batch)."""
+        return self._post_generate(data, routing_key).json()
+
+    def _send_stream(self, data: dict[str, Any], routing_key: str | None = None):
+        """Each event of the streamed response to ``data``: the text so far and its ``meta_info``."""
+        with self._post_generate(data, routing_key, stream=True) as res:
+            for line in res.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                if line == b"data: [DONE]":
+                    return
+                event = json.loads(line[len(b"data:"):])
+                if "error" in event:  # SGLang reports a failure inside the stream, after the 200
+                    raise RuntimeError(event["error"])
+                yield event
 
     def _add_images(self, s, data: dict[str, Any]) -> None:
-        if s is not None:  # _send has no program state (SGLang's version dereferences it)
-            super()._add_images(s, data)
+        """Send the program's image as SGLang's ``RuntimeEndpoint`` does, to a model that reads
+        images; refuse it otherwise, since SGLang drops the images a text-only model is sent."""
+        if s is None or not s.images_:
+            return
+        if not self.model_info.get("has_image_understanding"):
+            raise ValueError(f"the served model {self.model_info['model_path']} does not read images "
+                             "(has_image_understanding is false); remove the program's sgl.image")
+        if len(s.images_) != 1:
+            raise ValueError(f"a program can send one image (sgl.image), this one has {len(s.images_)}")
+        data["image_data"] = s.images_[0][1]
 
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
@@ -202,14 +230,19 @@ class RkscEndpoint(RuntimeEndpoint):
         """``text``'s token ids, no special tokens added (the server's ``/tokenize``)."""
         return _post(self, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
 
-    def _generate_http_request(self, s, data: dict[str, Any]):
-        result = self._send(data, program_key(s))
+    def _count(self, meta_infos) -> None:
         with self._counter_lock:
-            for item in result if isinstance(result, list) else [result]:
-                self.counters.add(item["meta_info"])
+            for meta_info in meta_infos:
+                self.counters.add(meta_info)
+
+    def _generate_http_request(self, s, data: dict[str, Any]):
+        self._add_images(s, data)
+        result = self._send(data, program_key(s))
+        self._count(item["meta_info"] for item in (result if isinstance(result, list) else [result]))
         return result
 
-    def generate(self, s, sampling_params):
+    def _generate_body(self, s, sampling_params) -> dict[str, Any]:
+        """SGLang's ``RuntimeEndpoint.generate`` body plus the state's branch options."""
         self._handle_dtype_to_regex(sampling_params)
         data: dict[str, Any] = {
             "text": s.text_,
@@ -224,14 +257,30 @@ class RkscEndpoint(RuntimeEndpoint):
             value = getattr(sampling_params, item, None)
             if value is not None:
                 data[item] = value
-        obj = self._generate_http_request(s, data)
+        return data
+
+    def generate(self, s, sampling_params):
+        obj = self._generate_http_request(s, self._generate_body(s, sampling_params))
         return obj["text"], obj["meta_info"]
 
     def generate_stream(self, s, sampling_params):
-        raise NotImplementedError("rksc-sgl backends do not stream; use gen(...) without stream=True")
+        """Yield (new text, meta_info) as the runtime produces them (``gen(..., stream=True)`` or
+        ``run(stream=True)``), as SGLang's ``RuntimeEndpoint`` does; counted once, when done."""
+        data = {**self._generate_body(s, sampling_params), "stream": True}
+        self._add_images(s, data)
+        done, meta_info = 0, None
+        for event in self._send_stream(data, program_key(s)):  # each event has the whole text so far
+            meta_info = event["meta_info"]
+            yield event["text"][done:], meta_info
+            done = len(event["text"])
+        if meta_info is not None:
+            self._count([meta_info])
 
     def commit_lazy_operations(self, s):
         self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+
+    def fill_image(self, s):  # as SGLang's: a prefill of the state with its image
+        self.commit_lazy_operations(s)
 
     def cache_prefix(self, prefix_str: str):
         self._generate_http_request(None, {"text": prefix_str, "sampling_params": {"max_new_tokens": 0}})
@@ -256,7 +305,10 @@ class RkscEngineEndpoint(RkscEndpoint):
         self.timeout_s = timeout_s
         self.support_concate_and_append = False
         self.engine = engine
-        self.model_info = {"model_path": engine.server_args.model_path}
+        self.model_info = {  # the fields of the server's /model_info that we read
+            "model_path": engine.server_args.model_path,
+            "has_image_understanding": engine.tokenizer_manager.model_config.is_image_understandable_model,
+        }
         self.chat_template = (
             get_chat_template(chat_template_name) if chat_template_name
             else chat_template_for(self.model_info["model_path"])
@@ -283,12 +335,16 @@ class RkscEngineEndpoint(RkscEndpoint):
                 from None
 
     def _send(self, data: dict[str, Any], routing_key: str | None = None):  # one engine: no routing
-        body = dict(data)
-        body["prompt"] = body.pop("text", None)
-        return self.run(self.engine.async_generate(**body))
+        return self.run(self.engine.async_generate(**_engine_body(data)))
 
-    def fill_image(self, s):
-        raise NotImplementedError("RkscEngineEndpoint serves text programs only")
+    def _send_stream(self, data: dict[str, Any], routing_key: str | None = None):
+        """The engine's streamed outputs, each pulled from its async generator on the loop."""
+        events = self.run(self.engine.async_generate(**_engine_body(data)))  # stream=True: a generator
+        try:
+            while (event := self.run(_next_or_none(events))) is not None:
+                yield event
+        finally:  # also when the consumer stops early
+            self.run(events.aclose())
 
     def token_ids(self, text: str) -> list[int]:
         return list(self.engine.tokenizer_manager.tokenizer.encode(text, add_special_tokens=False))
@@ -306,6 +362,20 @@ class RkscEngineEndpoint(RkscEndpoint):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
         self.engine.shutdown()
+
+
+def _engine_body(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``/generate`` body as ``Engine.async_generate`` keywords (it calls the text ``prompt``)."""
+    body = dict(data)
+    body["prompt"] = body.pop("text", None)
+    return body
+
+
+async def _next_or_none(events):
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 # What rksc-sgl's primitives (report_score, verify) send goes through these two, so that they work

@@ -11,9 +11,11 @@ from rksc_sgl.frontend import RkscEngineEndpoint
 
 
 def fake_engine(tmp_path):
-    """Just what ``RkscEngineEndpoint`` reads of an engine: its loop and its model path."""
+    """Just what ``RkscEngineEndpoint`` reads of an engine: its loop and its model's path and kind."""
     loop = asyncio.new_event_loop()
+    model_config = types.SimpleNamespace(is_image_understandable_model=False)
     return types.SimpleNamespace(loop=loop, server_args=types.SimpleNamespace(model_path=str(tmp_path)),
+                                 tokenizer_manager=types.SimpleNamespace(model_config=model_config),
                                  shutdown=lambda: None)
 
 

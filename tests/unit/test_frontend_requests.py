@@ -37,3 +37,31 @@ class TestReportScore:
         state = types.SimpleNamespace(backend=object(), text=lambda: "prompt and branch")
         with pytest.raises(TypeError, match="RkscEndpoint, an RkscEngineEndpoint or SGLang's RuntimeEndpoint"):
             report_score(state, 0.5, depth=1)
+
+
+class TestImages:
+    """SGLang's RuntimeEndpoint sends a program's one image as ``image_data``; a model that cannot
+    read it would have it dropped without a word, so ours refuse it there."""
+
+    def executor(self, *images):
+        return types.SimpleNamespace(text_="<image>What is this?", images_=[(f"{i}.png", b64) for i, b64 in enumerate(images)])
+
+    def test_an_image_is_passed_to_a_model_that_reads_images(self):
+        backend = RecordingEndpoint(has_image_understanding=True)
+        backend.commit_lazy_operations(self.executor("aW1hZ2U="))
+        assert backend.sent[0][0]["image_data"] == "aW1hZ2U="
+
+    def test_an_image_for_a_text_only_model_is_refused_naming_the_model(self):
+        backend = RecordingEndpoint(has_image_understanding=False)
+        with pytest.raises(ValueError, match="a-model does not read images"):
+            backend.commit_lazy_operations(self.executor("aW1hZ2U="))
+        assert backend.sent == []
+
+    def test_two_images_are_refused(self):
+        with pytest.raises(ValueError, match="one image"):
+            RecordingEndpoint(has_image_understanding=True).commit_lazy_operations(self.executor("YQ==", "Yg=="))
+
+    def test_a_program_without_images_sends_none(self):
+        backend = RecordingEndpoint(has_image_understanding=False)
+        backend.commit_lazy_operations(self.executor())
+        assert "image_data" not in backend.sent[0][0]

@@ -1,11 +1,11 @@
-"""Operators' path: plain ``python -m sglang.launch_server`` with our backend named by SGLang's own
-flags and our options from ``RKSC_SGL_CONFIG``; SGLang's ``/metrics`` with our series; per-request
-options and seeds through the OpenAI-compatible API (the official client's ``extra_body``); our
-primitives through SGLang's own frontend backend, ``RuntimeEndpoint``."""
+"""Operators' path: plain ``python -m sglang.launch_server``, run as ``docs/serving.md`` writes it,
+with our backends named by SGLang's own flags and our options from ``RKSC_SGL_CONFIG``; SGLang's
+``/metrics`` with our series; per-request options and seeds through the OpenAI-compatible API (the
+official client's ``extra_body``); our primitives through SGLang's own frontend backend,
+``RuntimeEndpoint``."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
@@ -15,26 +15,27 @@ import requests
 import sglang as sgl
 
 from rksc_sgl import Candidate, RkscEndpoint, report_score, verify
-from rksc_sgl.servers import http_server
-from tests.conftest import TEST_POOL_TOKENS
+from rksc_sgl.servers import http_server, kv_pool
+from tests.integration.serving_doc import documented_command
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def plain_url(tmp_path_factory):
-    from rksc_sgl.model_cache import default_model_path
-
-    args = ["--model-path", str(default_model_path()), "--device", "cpu", "--attention-backend", "torch_native",
-            "--radix-cache-backend", "rksc", "--radix-eviction-policy", "rsbcm", "--enable-metrics",
-            "--max-total-tokens", str(TEST_POOL_TOKENS), "--log-level", "warning"]
-    env = {"RKSC_SGL_CONFIG": json.dumps({"rsbcm": True, "asks": True}), "SGLANG_USE_CPU_ENGINE": "1"}
-    with http_server("sglang.launch_server", args, tmp_path_factory.mktemp("plain"), env) as url:
+    """The documented command, on a free port (``http_server`` appends ``--host``/``--port``,
+    which override the doc's ``--port``)."""
+    env, module, args = documented_command()
+    with http_server(module, args, tmp_path_factory.mktemp("plain"), env) as url:
         yield url
 
 
+def server_info(url: str) -> dict:
+    return requests.get(f"{url}/server_info", timeout=30).json()
+
+
 def cache_state(url: str) -> dict:
-    return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0]["rksc_cache"]
+    return server_info(url)["internal_states"][0]["rksc_cache"]
 
 
 def chat(url: str, **kwargs):
@@ -44,6 +45,10 @@ def chat(url: str, **kwargs):
 
 
 def test_backend_and_options_come_from_sglang_flags_and_the_environment(plain_url):
+    info = server_info(plain_url)
+    assert info["attention_backend"] == "rksc_cpu"
+    assert info["max_total_tokens"] == 32768  # the doc's cap, not SGLang's sizing to the RAM
+    assert kv_pool(plain_url)["total"] <= 32768
     state = cache_state(plain_url)
     assert state["cache_class"].endswith("RkscRadixCache")
     assert state["eviction_policy"] == "rsbcm"

@@ -357,7 +357,7 @@ class RkscEngineEndpoint(RkscEndpoint):
         return {**self.model_info, "internal_states": states}
 
     def shutdown(self):
-        """Stop the loop thread, then the engine (whose own shutdown uses its loop)."""
+        """Stop the loop thread, then the engine (which cancels its tasks on the stopped loop)."""
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)

@@ -31,6 +31,8 @@ CLIENT: dict[str, tuple[str, ...]] = {
         "sglang.srt.entrypoints.engine.Engine._ensure_event_loop",
         "sglang.srt.entrypoints.engine.Engine.async_generate",
         "sglang.srt.entrypoints.engine.kill_process_tree",
+        # creates the tasks that shutdown cancels (tokenizer_manager.asyncio_tasks, event_loop)
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.auto_create_handle_loop",
     ),
 }
 

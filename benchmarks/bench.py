@@ -122,13 +122,14 @@ def run_mode(mode, args, data) -> dict[str, dict]:
 def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict]:
     """Start one engine for ``mode`` and run the workload on every dataset of ``data``."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     workload, settings = args.workload_obj, args.settings
     overrides = mode.engine_overrides()
     if max_total_tokens:
         overrides["max_total_tokens"] = max_total_tokens
-    backend = EngineBackend(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error", **overrides))
+    backend = RkscEngineEndpoint(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error",
+                                               **overrides))
     raw = {}
     try:
         exemplars, problems = next(iter(data.values()))

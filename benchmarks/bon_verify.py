@@ -22,7 +22,7 @@ from benchmarks.stats import clopper_pearson_upper95, wilson_ci95
 from programs.bon import candidate_tokens, sample_candidates, verify_all
 from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig
-from rksc_sgl.verify import Candidate, CgeeThresholds, VerifyResult
+from rksc_sgl.cgee import Candidate, CgeeThresholds, VerifyResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +153,11 @@ def main(argv: list[str] | None = None) -> None:
         variants[name] = CgeeThresholds(float(tau), float(margin), float(theta), float(eps), int(min_layer))
 
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     command = "python -m benchmarks.bon_verify " + " ".join(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    backend = EngineBackend(launch_engine(log_level="error"))
+    backend = RkscEngineEndpoint(launch_engine(log_level="error"))
     rows = []
     try:
         for name in names:

@@ -206,9 +206,9 @@ def main(argv: list[str] | None = None) -> None:
             records = [r for r in json.load(f) if r["dataset"] in datasets]
     else:
         from rksc_sgl.engine import launch_engine
-        from rksc_sgl.frontend import EngineBackend
+        from rksc_sgl.frontend import RkscEngineEndpoint
 
-        backend = EngineBackend(launch_engine(log_level="error"))
+        backend = RkscEngineEndpoint(launch_engine(log_level="error"))
         try:
             records = collect(backend, datasets, args.calibration_size, args.reserve, args.num_candidates, args.seed)
         finally:

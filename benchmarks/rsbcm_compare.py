@@ -56,7 +56,7 @@ def run_mode(name: str, problems, cfg: TotConfig, pool_tokens: int, log_level: s
              rsbcm_config: dict[str, Any] | None = None, **server: Any) -> dict[str, Any]:
     """One engine, one tree-of-thoughts run over ``problems``; a plain dict of what it measured."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     mode = MODES["exact"] if name == "uncapped" else MODES[name]
     if mode.rksc.rsbcm and rsbcm_config:
@@ -64,7 +64,7 @@ def run_mode(name: str, problems, cfg: TotConfig, pool_tokens: int, log_level: s
         server = {**server, "radix_eviction_policy_config": {**base, **rsbcm_config}}
     engine = launch_engine(rksc=mode.rksc, max_total_tokens=pool_tokens, log_level=log_level,
                            **{**mode.server, **server})
-    backend = EngineBackend(engine)
+    backend = RkscEngineEndpoint(engine)
     try:
         backend.run(engine.async_generate(prompt="Warm up.", sampling_params={"max_new_tokens": 2}))
         backend.flush_cache()

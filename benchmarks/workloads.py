@@ -33,7 +33,7 @@ class BenchSettings(SamplingConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.cgee_thresholds is not None:
-            from rksc_sgl.verify import CgeeThresholds
+            from rksc_sgl.cgee import CgeeThresholds
 
             try:  # checks every entry, so a bad per-dataset one fails here, not hours into a run
                 CgeeThresholds.load(self.cgee_thresholds)
@@ -100,7 +100,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     because CGEE error is defined against its decisions.
     """
     from benchmarks.bon_verify import solve_batch, summarize
-    from rksc_sgl.verify import CgeeThresholds
+    from rksc_sgl.cgee import CgeeThresholds
 
     thresholds = (CgeeThresholds.load(settings.cgee_thresholds, problems[0].dataset) if settings.cgee_thresholds
                   else CgeeThresholds.from_config())

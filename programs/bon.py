@@ -15,7 +15,7 @@ import time
 from programs.datasets import Problem, extract_answer
 from programs.sampling import SamplingConfig
 from programs.sc import run_branches
-from rksc_sgl.verify import Candidate, CgeeThresholds, VerifyResult, verify
+from rksc_sgl.cgee import Candidate, CgeeThresholds, VerifyResult, verify
 
 
 def candidate_tokens(dataset: str) -> int:

@@ -21,7 +21,7 @@ import sglang as sgl
 from programs.datasets import Problem, extract_answer, format_question
 from programs.sampling import SamplingConfig
 from rksc_sgl.frontend import branch_options
-from rksc_sgl.verify import token_logprobs
+from rksc_sgl.cgee import token_logprobs
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
 # Openers of diverse-prompt self-consistency: the first words of each branch's answer.

@@ -13,13 +13,18 @@ _EXPORTS = {
     "RkscConfig": "rksc_sgl.config",
     "launch_engine": "rksc_sgl.engine",
     "default_model_path": "rksc_sgl.model_cache",
-    "EngineBackend": "rksc_sgl.frontend",
+    "RkscEngineEndpoint": "rksc_sgl.frontend",
     "RkscEndpoint": "rksc_sgl.frontend",
-    # Program primitives: per-branch options (seed, depth, score), scores, verification.
+    # Program primitives: per-branch options (seed, depth, score), scores, verification
+    # (a Candidate's token log-probabilities come from token_logprobs; CgeeThresholds.load reads
+    # a calibration file). No export shares its name with a module (a submodule import would
+    # replace the export in this namespace).
     "branch_options": "rksc_sgl.frontend",
     "report_score": "rksc_sgl.scores",
-    "Candidate": "rksc_sgl.verify",
-    "verify": "rksc_sgl.verify",
+    "Candidate": "rksc_sgl.cgee",
+    "CgeeThresholds": "rksc_sgl.cgee",
+    "token_logprobs": "rksc_sgl.cgee",
+    "verify": "rksc_sgl.cgee",
 }
 
 __all__ = sorted(_EXPORTS)

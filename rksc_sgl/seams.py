@@ -25,11 +25,14 @@ CLIENT: dict[str, tuple[str, ...]] = {
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._handle_dtype_to_regex",
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._assert_success",
         "sglang.lang.interpreter.StreamExecutor.fork",
+        "sglang.utils.http_request",
     ),
     "in-process engine": (
         "sglang.srt.entrypoints.engine.Engine._ensure_event_loop",
         "sglang.srt.entrypoints.engine.Engine.async_generate",
         "sglang.srt.entrypoints.engine.kill_process_tree",
+        # creates the tasks that shutdown cancels (tokenizer_manager.asyncio_tasks, event_loop)
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.auto_create_handle_loop",
     ),
 }
 

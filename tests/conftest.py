@@ -16,11 +16,11 @@ TEST_POOL_TOKENS = 16384
 
 @pytest.fixture(scope="session")
 def engine_backend():
-    """An ``EngineBackend`` over a stock-configured in-process engine (radix cache on, LRU)."""
+    """An ``RkscEngineEndpoint`` over a stock-configured in-process engine (radix cache on, LRU)."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
-    backend = EngineBackend(launch_engine(max_total_tokens=TEST_POOL_TOKENS, log_level="error"))
+    backend = RkscEngineEndpoint(launch_engine(max_total_tokens=TEST_POOL_TOKENS, log_level="error"))
     yield backend
     backend.shutdown()
 

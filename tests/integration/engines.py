@@ -21,9 +21,9 @@ class Engines:
         if name != self.name:
             self.close()
             from rksc_sgl.engine import launch_engine
-            from rksc_sgl.frontend import EngineBackend
+            from rksc_sgl.frontend import RkscEngineEndpoint
 
-            self.backend = EngineBackend(launch_engine(log_level="error", **self.configs[name]))
+            self.backend = RkscEngineEndpoint(launch_engine(log_level="error", **self.configs[name]))
             self.name = name
         return self.backend
 

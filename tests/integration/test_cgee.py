@@ -10,7 +10,7 @@ import pytest
 
 from radix_ext.early_exit import LAYER_CALL_COUNTER
 from rksc_sgl.protocol import EarlyExitParams
-from rksc_sgl.verify import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
+from rksc_sgl.cgee import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
 from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration
@@ -30,9 +30,10 @@ _blockers = itertools.count()
 def backend():
     """An engine whose decoder layers count their calls (SGLang's ``forward_hooks``)."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
-    b = EngineBackend(launch_engine(max_total_tokens=16384, log_level="error", forward_hooks=[LAYER_CALL_COUNTER]))
+    b = RkscEngineEndpoint(launch_engine(max_total_tokens=16384, log_level="error",
+                                         forward_hooks=[LAYER_CALL_COUNTER]))
     yield b
     b.shutdown()
 

@@ -48,10 +48,10 @@ def tiny_checkpoint(architecture: str, folder) -> str:
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def family(request, tmp_path_factory):
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     path = tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
-    backend = EngineBackend(launch_engine(path, max_total_tokens=4096, log_level="error"))
+    backend = RkscEngineEndpoint(launch_engine(path, max_total_tokens=4096, log_level="error"))
     yield request.param, backend
     backend.shutdown()
 

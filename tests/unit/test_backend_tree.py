@@ -301,15 +301,6 @@ class TestWireFormat:
         with pytest.raises(ValueError, match="depth"):
             branch_options(types.SimpleNamespace(), score=0.5)
 
-    def test_report_score_sends_a_zero_token_request_with_the_branch_text(self):
-        sent = []
-        backend = types.SimpleNamespace(_generate_http_request=lambda s, data: sent.append(data))
-        state = types.SimpleNamespace(backend=backend, text=lambda: "prompt and branch")
-        branch_options(state, depth=2)
-        report_score(state, 0.75)
-        assert sent == [{"text": "prompt and branch", "sampling_params": {
-            "max_new_tokens": 0, "custom_params": {"rksc": {"depth": 2, "score": 0.75}}}}]
-
     def test_report_score_needs_a_depth(self):
         state = types.SimpleNamespace(backend=None, text=lambda: "")
         with pytest.raises(ValueError, match="branch_options"):

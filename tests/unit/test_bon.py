@@ -7,7 +7,7 @@ import pytest
 from benchmarks.bon_verify import BonResult, summarize
 from programs.datasets import Problem
 from rksc_sgl.confidence import SkipDecision
-from rksc_sgl.verify import Candidate, VerifyResult
+from rksc_sgl.cgee import Candidate, VerifyResult
 
 PROBLEM = Problem("arc-challenge", "q1", "?", ("x", "y"), "A")
 CANDIDATES = (Candidate("", "A", (-0.1,)), Candidate("", "B", (-0.2,)))

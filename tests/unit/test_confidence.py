@@ -9,7 +9,7 @@ import torch
 
 from rksc_sgl.confidence import answer_confidences, branch_confidence, skip_decision
 from rksc_sgl.config import RkscConfig
-from rksc_sgl.verify import Candidate, CgeeThresholds, verify, yes_probability
+from rksc_sgl.cgee import Candidate, CgeeThresholds, verify, yes_probability
 
 
 def logprobs(*probs: float) -> torch.Tensor:

@@ -9,7 +9,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import asks, early_exit, exit_requests, introspection, metrics, plugin, request_guards, sampler
+    from radix_ext import (asks, early_exit, exit_requests, groups, introspection, metrics, plugin, request_guards,
+                           sampler)
 
     return {
         "plugin": (
@@ -57,5 +58,6 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.layers.sampler.Sampler._sample_from_probs",
             "sglang.srt.layers.sampler.register_sampler_backend",
             "sglang.srt.layers.sampler._CUSTOM_SAMPLER_FACTORIES",
+            groups.SEND_TARGET, groups.SAMPLING_VERIFY,  # n > 1 children's own seeds
         ),
     }

@@ -87,9 +87,9 @@ def _finish_reason_class():
     class RkscStop(BaseFinishReason):
         """A request stopped by us: reported like a graceful abort (HTTP 200, partial text)."""
 
-        def __init__(self, report: dict[str, Any], message: str) -> None:
+        def __init__(self, message: str) -> None:
             super().__init__()
-            self.report, self.message = report, message
+            self.message = message
 
         def to_json(self):
             return {"type": "abort", "status_code": None, "message": self.message, "err_type": None}
@@ -99,7 +99,7 @@ def _finish_reason_class():
 
 def stop(req, report: dict[str, Any], message: str) -> None:
     """Finish ``req`` at its next step with our finish reason and report."""
-    req.to_finish = _finish_reason_class()(report, STOP_MESSAGE_PREFIX + message)
+    req.to_finish = _finish_reason_class()(STOP_MESSAGE_PREFIX + message)
     req.customized_info = {**(req.customized_info or {}), STOP_KEY: [report]}
 
 
@@ -168,7 +168,7 @@ def _abort_queued(scheduler, req, report: dict[str, Any]) -> None:
 
     scheduler.waiting_queue.remove(req)
     scheduler._release_aborted_request(req)
-    reason = _finish_reason_class()(report, STOP_MESSAGE_PREFIX + _group_message(report))
+    reason = _finish_reason_class()(STOP_MESSAGE_PREFIX + _group_message(report))
     scheduler.send_abort_output(_make_abort_req(req, finished_reason=reason.to_json()), req)
     req.finished_reason = reason  # so the group sees it finished
     _tracked.pop(id(req), None)  # no batch will carry it any more

@@ -29,7 +29,8 @@ NEVER = {"window": 4, "top_k": 3, "threshold": 0.0}
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     args = ["--max-total-tokens", str(POOL_TOKENS), "--log-level", "warning"]
-    with servers.http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("early_stop")) as base:
+    with servers.http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("early_stop"),
+                             timeout_s=900) as base:
         yield base
 
 

@@ -17,7 +17,9 @@ radix cache is built, so registrations made here are visible where the cache is 
 * an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.abort_children``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
-* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``).
+* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``);
+* the confident early stop: trace-confidence stops, group votes and the stamping of ``n > 1``
+  children with their group and own seeds (``radix_ext.early_stop``, ``radix_ext.groups``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
 registered": look for the plugin's traceback above that message. A missing SGLang name we rely
@@ -60,6 +62,10 @@ def load() -> None:
     from radix_ext import early_exit  # CGEE: verification requests may exit after layer l*
 
     early_exit.install()
+    from radix_ext import early_stop, groups
+
+    groups.install()  # n > 1 children: their group tag and own seed
+    early_stop.install()  # trace-confidence stops, group votes
     if config.asks:
         from radix_ext import asks  # ASKS: span signatures, the decision, its report
 

@@ -9,8 +9,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import (abort_children, asks, early_exit, exit_requests, introspection, metrics, plugin,
-                           request_guards, sampler)
+    from radix_ext import (abort_children, asks, early_exit, early_stop, exit_requests, groups, introspection,
+                           metrics, plugin, request_guards, sampler)
 
     return {
         "plugin": (
@@ -57,10 +57,20 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_seq_lens_cpu",
             f"{_RESIDUAL}.snapshot",
         ),
+        "early stop (trace confidence, group votes)": (
+            early_stop.SAMPLING_VERIFY, early_stop.VALIDATE_TARGET, early_stop.CREATE_REQ, early_stop.ADD_TO_QUEUE,
+            early_stop.PROCESS_BATCH_RESULT, early_stop.REQUEST_LEVEL_TARGET, early_stop.MAKE_ABORT_REQ,
+            introspection.TARGET,
+            *early_stop.SCHEDULER_METHODS,
+            "sglang.srt.managers.schedule_batch.BaseFinishReason",
+            "sglang.srt.managers.schedule_batch.FINISH_ABORT",
+            "sglang.srt.managers.schedule_batch.Req.update_finish_state",  # applies to_finish first
+        ),
         "seeded sampling": (
             sampler.SEED_TARGET,
             "sglang.srt.layers.sampler.Sampler._sample_from_probs",
             "sglang.srt.layers.sampler.register_sampler_backend",
             "sglang.srt.layers.sampler._CUSTOM_SAMPLER_FACTORIES",
+            groups.SEND_TARGET, groups.SAMPLING_VERIFY,  # n > 1 children's own seeds
         ),
     }

@@ -12,7 +12,27 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
 * ``"rksc_early_exit"`` (``EXIT_KEY``): ``EarlyExitParams``, a verification request's logit-lens
   early exit (CGEE level 2);
 * ``"rksc_asks"`` (``ASKS_KEY``): ``AsksOptions``, a request's opt-out of ASKS span substitution
-  (``{"enabled": false}``).
+  (``{"enabled": false}``);
+* ``"rksc_group"`` (``GROUP_KEY``): ``GroupTag`` ``{"id": str, "index": int}``, the group a request
+  belongs to (the forks of one program, or the children of one ``n > 1`` request, which the server
+  stamps itself: ``radix_ext.groups``) and its index in it;
+* ``"rksc_conf_stop"`` (``CONF_STOP_KEY``): ``ConfStop`` ``{"window", "top_k", "threshold"}``, a
+  trace-confidence stop (DeepConf online): a token's confidence is ``-mean`` of its step's top-k
+  log-probabilities, and the request stops once the mean over its last ``window`` tokens is below
+  ``threshold``; it needs ``return_logprob`` and ``top_logprobs_num >= top_k``;
+* ``"rksc_group_policy"`` (``GROUP_POLICY_KEY``): ``GroupPolicy`` ``{"answer_pattern", "rule",
+  "window" (esc), "confidence" (beta), "min_samples"}``, carried by group members: once the vote
+  over finished members' answers is decided (``rksc_sgl.stop_rules``), the scheduler stops the rest.
+
+Seeds of ``n > 1`` children: child ``i`` samples with ``child_seed(seed, i)`` (child 0 keeps the
+request's own seed, so it draws what the same request with ``n = 1`` draws).
+
+A stopped request (trace confidence, or its group's vote) finishes through SGLang's normal path
+with finish reason ``{"type": "abort", "status_code": null, "message": "rksc: ..."}`` (HTTP 200,
+OpenAI ``finish_reason: "abort"``, partial text), and, unless streamed, ``meta_info["rksc_stop"]``
+(``STOP_KEY``): a list with one dict, ``{"reason": "confidence" | "group", "at_token": int,
+...}`` (``radix_ext.early_stop``). A group member refused at creation because its group was
+already decided gets the same finish reason with ``at_token`` 0.
 
 What comes back: ``meta_info`` keys ``rksc_exit_layer``, ``rksc_entropies``, ``rksc_layers_run``,
 ``rksc_batch_rows``, ``rksc_lens_logprobs`` and ``rksc_layer_calls`` (flagged requests),
@@ -44,8 +64,12 @@ inserted into the radix tree.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import re
 from typing import Any
+
+from rksc_sgl.stop_rules import RULES as STOP_RULES
 
 BRANCH_KEY = "rksc"
 EXIT_KEY = "rksc_early_exit"
@@ -53,6 +77,12 @@ KV_POOL_KEY = "rksc_kv_pool"
 STATS_KEY = "rksc_cache"
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
 ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks)
+GROUP_KEY = "rksc_group"
+CONF_STOP_KEY = "rksc_conf_stop"
+GROUP_POLICY_KEY = "rksc_group_policy"
+STOP_KEY = "rksc_stop"  # meta_info report of a stopped request (radix_ext.early_stop)
+EARLY_STOP_STATE_KEY = "rksc_early_stop"  # internal state: tracked requests, groups (radix_ext.early_stop)
+STOP_MESSAGE_PREFIX = "rksc: "  # finish_reason.message of a stopped request
 
 
 def _entry(custom_params: Any, key: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
@@ -203,3 +233,116 @@ class AsksOptions:
     def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
         values = _entry(custom_params, ASKS_KEY, ("enabled",))
         return cls() if values is None else cls(**values)
+
+
+def child_seed(seed: int, index: int) -> int:
+    """The sampling seed of child ``index`` of an ``n > 1`` request seeded ``seed``: the seed itself
+    for child 0, else a stable hash of both (blake2b), in SGLang's int64 seed range."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # 63 bits: a non-negative int64
+
+
+def _int_at_least(key: str, field: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"custom_params.{key}.{field} must be an int >= {low}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupTag:
+    """The group of a request and its index in it."""
+
+    id: str
+    index: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not 0 < len(self.id) <= 256:
+            raise ValueError(f"custom_params.{GROUP_KEY}.id must be a string of 1-256 characters, got {self.id!r}")
+        _int_at_least(GROUP_KEY, "index", self.index, 0)
+
+    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {**(base or {}), GROUP_KEY: {"id": self.id, "index": self.index}}
+
+    @classmethod
+    def from_custom_params(cls, custom_params: Any) -> "GroupTag | None":
+        entry = _entry(custom_params, GROUP_KEY, ("id", "index"))
+        if entry is None:
+            return None
+        missing = [f for f in ("id", "index") if f not in entry]
+        if missing:
+            raise ValueError(f"custom_params.{GROUP_KEY} needs {missing}, got {entry!r}")
+        return cls(**entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfStop:
+    """A trace-confidence stop: stop once the mean token confidence over the last ``window``
+    tokens is below ``threshold`` (token confidence: ``-mean`` of the step's top-``top_k``
+    log-probabilities, so higher is more confident)."""
+
+    window: int
+    top_k: int
+    threshold: float
+
+    def __post_init__(self) -> None:
+        _int_at_least(CONF_STOP_KEY, "window", self.window, 1)
+        _int_at_least(CONF_STOP_KEY, "top_k", self.top_k, 1)
+        if not _is_number(self.threshold) or self.threshold < 0:
+            raise ValueError(f"custom_params.{CONF_STOP_KEY}.threshold must be a number >= 0, got {self.threshold!r}")
+
+    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {**(base or {}), CONF_STOP_KEY: dataclasses.asdict(self)}
+
+    @classmethod
+    def from_custom_params(cls, custom_params: Any) -> "ConfStop | None":
+        entry = _entry(custom_params, CONF_STOP_KEY, ("window", "top_k", "threshold"))
+        if entry is None:
+            return None
+        missing = [f for f in ("window", "top_k", "threshold") if f not in entry]
+        if missing:
+            raise ValueError(f"custom_params.{CONF_STOP_KEY} needs {missing}, got {entry!r}")
+        return cls(**entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupPolicy:
+    """When a group's vote is decided: ``esc`` once a window of ``window`` members (by index) agree,
+    ``beta`` once the leader stays the leader with posterior probability >= ``confidence``; never
+    before ``min_samples`` members voted. A member's answer is the last match of
+    ``answer_pattern`` in its text (its group 1 if it has one)."""
+
+    answer_pattern: str
+    rule: str
+    window: int = 3
+    confidence: float = 0.95
+    min_samples: int = 1
+
+    def __post_init__(self) -> None:
+        key = GROUP_POLICY_KEY
+        if not isinstance(self.answer_pattern, str) or not self.answer_pattern:
+            raise ValueError(f"custom_params.{key}.answer_pattern must be a non-empty regex, got {self.answer_pattern!r}")
+        try:
+            re.compile(self.answer_pattern)
+        except re.error as e:
+            raise ValueError(f"custom_params.{key}.answer_pattern is not a valid regex: {e}") from None
+        if self.rule not in STOP_RULES:
+            raise ValueError(f"custom_params.{key}.rule must be one of {list(STOP_RULES)}, got {self.rule!r}")
+        _int_at_least(key, "window", self.window, 1)
+        _int_at_least(key, "min_samples", self.min_samples, 1)
+        if not _is_number(self.confidence) or not 0.5 < self.confidence < 1.0:
+            raise ValueError(f"custom_params.{key}.confidence must be a number in (0.5, 1), got {self.confidence!r}")
+
+    def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {**(base or {}), GROUP_POLICY_KEY: dataclasses.asdict(self)}
+
+    @classmethod
+    def from_custom_params(cls, custom_params: Any) -> "GroupPolicy | None":
+        entry = _entry(custom_params, GROUP_POLICY_KEY, ("answer_pattern", "rule", "window", "confidence", "min_samples"))
+        if entry is None:
+            return None
+        missing = [f for f in ("answer_pattern", "rule") if f not in entry]
+        if missing:
+            raise ValueError(f"custom_params.{GROUP_POLICY_KEY} needs {missing}, got {entry!r}")
+        return cls(**entry)

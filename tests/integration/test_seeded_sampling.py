@@ -104,3 +104,24 @@ class TestOpenAiSeed:
                  .json()["choices"][0]["message"]["content"] for seed in (7, 7, 8)]
         assert texts[0] == texts[1]
         assert texts[0] != texts[2]
+
+
+class TestOpenAiSeedWithN:
+    """One ``seed`` with ``n > 1``: every child draws its own sample (``radix_ext.groups``), and the
+    same ``n`` samples come back on a second call (the official OpenAI client, against the server)."""
+
+    def test_n_4_seed_7_draws_4_distinct_texts_and_the_same_4_again(self, server_url):
+        import openai
+
+        client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="none", max_retries=0, timeout=300)
+        calls = [client.completions.create(model="default", prompt=PROMPTS[5], max_tokens=16, temperature=0.9,
+                                           n=4, seed=7) for _ in range(2)]
+        texts = [[c.text for c in sorted(call.choices, key=lambda c: c.index)] for call in calls]
+        assert len(set(texts[0])) == 4, texts[0]
+        assert texts[0] == texts[1]
+
+    def test_the_first_child_draws_what_the_same_seed_draws_alone(self, server_url):
+        body = {"model": "default", "prompt": PROMPTS[5], "max_tokens": 16, "temperature": 0.9, "seed": 7}
+        alone = requests.post(f"{server_url}/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
+        choices = requests.post(f"{server_url}/v1/completions", json={**body, "n": 3}, timeout=300).json()["choices"]
+        assert next(c["text"] for c in choices if c["index"] == 0) == alone

@@ -1,6 +1,6 @@
 """The two sides meet only in the wire protocol: ``rksc_sgl`` (client side) never imports
 ``radix_ext`` (scheduler side); ``radix_ext`` imports from ``rksc_sgl`` only the protocol, the
-config and the seam checker; the protocol imports neither torch nor SGLang."""
+config, the seam checker and the pure stop rules; the protocol imports neither torch nor SGLang."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEDULER_MAY_IMPORT = {"rksc_sgl", "rksc_sgl.protocol", "rksc_sgl.config", "rksc_sgl.seams"}
+SCHEDULER_MAY_IMPORT = {"rksc_sgl", "rksc_sgl.protocol", "rksc_sgl.config", "rksc_sgl.seams", "rksc_sgl.stop_rules"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -53,8 +53,8 @@ def test_the_graph_check_sees_imports_inside_functions(tmp_path):
     assert "radix_ext.stats" in imported_modules(module)
 
 
-def test_the_protocol_imports_neither_torch_nor_sglang():
-    code = ("import sys, rksc_sgl.protocol; "
+def test_the_protocol_and_the_stop_rules_import_neither_torch_nor_sglang():
+    code = ("import sys, rksc_sgl.protocol, rksc_sgl.stop_rules; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -19,3 +19,53 @@ def test_custom_params_that_is_not_an_object_is_refused(parser, bad):
 def test_absent_options_are_none(parser):
     assert parser.from_custom_params(None) is None
     assert parser.from_custom_params({"someone_else": 1}) is None
+
+
+class TestStopOptions:
+    """The early-stop entries: each malformed field is named (an HTTP 400 through the verify hook)."""
+
+    @pytest.mark.parametrize("entry, field", [
+        ({"window": 0, "top_k": 3, "threshold": 1.0}, "rksc_conf_stop.window"),
+        ({"window": 8, "top_k": True, "threshold": 1.0}, "rksc_conf_stop.top_k"),
+        ({"window": 8, "top_k": 3, "threshold": -1}, "rksc_conf_stop.threshold"),
+        ({"window": 8, "top_k": 3, "threshold": float("nan")}, "rksc_conf_stop.threshold"),
+        ({"window": 8, "top_k": 3}, "rksc_conf_stop needs"),
+        ({"window": 8, "top_k": 3, "threshold": 1, "tau": 2}, "unknown field"),
+    ])
+    def test_a_bad_confidence_stop_names_the_field(self, entry, field):
+        from rksc_sgl.protocol import ConfStop
+
+        with pytest.raises(ValueError, match=field):
+            ConfStop.from_custom_params({"rksc_conf_stop": entry})
+
+    @pytest.mark.parametrize("entry, field", [
+        ({"answer_pattern": "(", "rule": "esc"}, "answer_pattern is not a valid regex"),
+        ({"answer_pattern": "", "rule": "esc"}, "answer_pattern"),
+        ({"answer_pattern": "x", "rule": "vote"}, "rule must be one of"),
+        ({"answer_pattern": "x", "rule": "esc", "window": 0}, "window"),
+        ({"answer_pattern": "x", "rule": "beta", "confidence": 1.0}, "confidence"),
+        ({"answer_pattern": "x", "rule": "beta", "min_samples": 0}, "min_samples"),
+        ({"rule": "beta"}, "needs"),
+    ])
+    def test_a_bad_group_policy_names_the_field(self, entry, field):
+        from rksc_sgl.protocol import GroupPolicy
+
+        with pytest.raises(ValueError, match=field):
+            GroupPolicy.from_custom_params({"rksc_group_policy": entry})
+
+    @pytest.mark.parametrize("entry, field", [
+        ({"id": "", "index": 0}, "rksc_group.id"),
+        ({"id": "g", "index": -1}, "rksc_group.index"),
+        ({"id": "g"}, "rksc_group needs"),
+    ])
+    def test_a_bad_group_tag_names_the_field(self, entry, field):
+        from rksc_sgl.protocol import GroupTag
+
+        with pytest.raises(ValueError, match=field):
+            GroupTag.from_custom_params({"rksc_group": entry})
+
+    def test_each_option_round_trips_through_custom_params(self):
+        from rksc_sgl.protocol import ConfStop, GroupPolicy, GroupTag
+
+        for option in (ConfStop(8, 3, 1.5), GroupPolicy(r"(\d+)", "beta", confidence=0.9), GroupTag("g", 2)):
+            assert type(option).from_custom_params(option.to_custom_params({"x": 1})) == option

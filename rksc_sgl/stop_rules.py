@@ -1,0 +1,106 @@
+"""When to stop sampling: the pure rules both sides apply (no torch, no SGLang).
+
+* Trace confidence (DeepConf online): a token's confidence is ``-mean`` of its step's top-k
+  log-probabilities (a peaked step has one logprob near 0 and the others very negative, so a high
+  value means confident); a trace stops once the mean over its last ``window`` tokens falls below
+  a threshold. Only a full window is judged: the first ``window - 1`` tokens never stop a trace.
+* Votes over branch answers, by branch index (``answers``: index -> extracted answer, ``None``
+  when a finished branch gave none; ``None`` never counts for an answer):
+
+  * ``esc`` (Early-Stopping Self-Consistency): branches form windows of ``window`` consecutive
+    indices; the vote is decided by the first window (in index order) whose branches all finished
+    with one and the same answer;
+  * ``beta`` (Adaptive-Consistency): with ``v1`` votes for the leader and ``v2`` for the runner-up,
+    the posterior probability that the leader's share beats the runner-up's, under a uniform prior
+    on the two (the Beta approximation of the Dirichlet over answers), is ``P(X > 1/2)`` for
+    ``X ~ Beta(v1 + 1, v2 + 1)``; the vote is decided once it reaches ``confidence``.
+
+  Neither decides before ``min_samples`` branches finished. A decision names the winning answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Mapping, Sequence
+
+RULES = ("esc", "beta")
+_MISSING = object()  # an index that has not finished
+
+
+def token_confidence(top_logprobs: Sequence[float], top_k: int) -> float:
+    """``-mean`` of the first ``top_k`` of one step's top log-probabilities (descending)."""
+    values = list(top_logprobs)[:top_k]
+    if not values:
+        raise ValueError("token_confidence needs at least one log-probability")
+    return -sum(values) / len(values)
+
+
+class WindowConfidence:
+    """The mean token confidence over the last ``window`` tokens, kept incrementally."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.values: collections.deque[float] = collections.deque()
+        self.total = 0.0
+        self.tokens = 0  # tokens pushed in all
+
+    def push(self, confidence: float) -> float | None:
+        """Add one token's confidence; the window's mean once it is full, else None."""
+        self.values.append(confidence)
+        self.total += confidence
+        self.tokens += 1
+        if len(self.values) > self.window:
+            self.total -= self.values.popleft()
+        if len(self.values) < self.window:
+            return None
+        # Recompute now and then: the running sum drifts by rounding over long traces.
+        if self.tokens % 1024 == 0:
+            self.total = math.fsum(self.values)
+        return self.total / self.window
+
+
+def should_stop_trace(mean_confidence: float | None, threshold: float) -> bool:
+    return mean_confidence is not None and mean_confidence < threshold
+
+
+def esc_decision(answers: Mapping[int, str | None], window: int, min_samples: int = 1) -> str | None:
+    """The answer of the first complete, unanimous window of branch indices, or None."""
+    if len(answers) < min_samples:
+        return None
+    for start in range(0, max(answers, default=-1) + 1, window):
+        members = [answers.get(i, _MISSING) for i in range(start, start + window)]
+        if all(a is not _MISSING for a in members) and members[0] is not None and len(set(members)) == 1:
+            return members[0]
+    return None
+
+
+def leader_stays_probability(leader_votes: int, runner_up_votes: int) -> float:
+    """``P(X > 1/2)`` for ``X ~ Beta(leader_votes + 1, runner_up_votes + 1)``, exactly: for integer
+    parameters, ``I_{1/2}(a, b)`` is a binomial tail, ``sum_{j>=a} C(a+b-1, j) / 2^(a+b-1)``."""
+    n = leader_votes + runner_up_votes + 1
+    below = sum(math.comb(n, j) for j in range(leader_votes + 1, n + 1))
+    return 1.0 - below / 2**n
+
+
+def beta_decision(answers: Mapping[int, str | None], confidence: float, min_samples: int = 1) -> str | None:
+    """The leading answer once it stays the leader with posterior probability >= ``confidence``."""
+    if len(answers) < min_samples:
+        return None
+    counts = collections.Counter(a for _, a in sorted(answers.items()) if a is not None)
+    if not counts:
+        return None
+    ranked = counts.most_common(2)  # ties: the first seen by index leads
+    leader, v1 = ranked[0]
+    v2 = ranked[1][1] if len(ranked) > 1 else 0
+    return leader if leader_stays_probability(v1, v2) >= confidence else None
+
+
+def decide(rule: str, answers: Mapping[int, str | None], *, window: int = 3, confidence: float = 0.95,
+           min_samples: int = 1) -> str | None:
+    """The decided answer under ``rule`` (``"esc"`` or ``"beta"``), or None while undecided."""
+    if rule == "esc":
+        return esc_decision(answers, window, min_samples)
+    if rule == "beta":
+        return beta_decision(answers, confidence, min_samples)
+    raise ValueError(f"unknown stop rule {rule!r}; known: {list(RULES)}")

@@ -48,13 +48,13 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
     tokens its verification phases sent (every run of them), apart from candidate generation.
 
     ``modes`` maps a name to CGEE thresholds, or to None for full depth; ``"full"`` is required
-    (default: ``{"full": None, "cgee": RkscConfig's thresholds}``).
+    (default: ``{"full": None, "cgee": the server's thresholds}``).
 
     Each round's verification phases run ``repeats`` times in alternating mode order (the
     machine is shared: its timings are noisy); a round counts its median per mode. ``lens`` asks
     the full-depth pass for every layer's lens diagnostics (calibration reads them).
     """
-    modes = dict(modes) if modes is not None else {"full": None, "cgee": CgeeThresholds.from_config()}
+    modes = dict(modes) if modes is not None else {"full": None, "cgee": CgeeThresholds.of_server(backend)}
     if modes.get("full", 0) is not None:
         raise ValueError("modes must map 'full' to None: CGEE error is measured against it")
     names = list(modes)
@@ -120,11 +120,11 @@ def measure(backend, dataset: str, limit: int, *, num_candidates: int = 4, max_n
             variants: dict[str, CgeeThresholds] | None = None, chunk: int = 16,
             repeats: int = 2) -> list[dict[str, Any]]:
     """Best-of-N with verification on the first ``limit`` problems of ``dataset``: modes "full",
-    "cgee" (``thresholds``, default RkscConfig's) and one CGEE mode per entry of ``variants``."""
+    "cgee" (``thresholds``, default the server's) and one CGEE mode per entry of ``variants``."""
     problems = load(dataset, limit)
     tokens = max_new_tokens or candidate_tokens(dataset)
     config = SamplingConfig(num_candidates, tokens, temperature, seed)
-    modes = {"full": None, "cgee": thresholds or CgeeThresholds.from_config(), **(variants or {})}
+    modes = {"full": None, "cgee": thresholds or CgeeThresholds.of_server(backend), **(variants or {})}
     results, verify_s, _ = solve_batch(problems, config, backend, modes=modes, chunk=chunk, repeats=repeats)
     return [{**row, "thresholds": dataclasses.asdict(modes[row["mode"]]) if modes[row["mode"]] else None}
             for row in summarize(results, verify_s, dataset)]
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/results/bon_verify.jsonl")
     args = p.parse_args(argv)
     names = [x for x in args.datasets.split(",") if x]
-    thresholds = {name: CgeeThresholds.load(args.thresholds, name) if args.thresholds else CgeeThresholds.from_config()
+    thresholds = {name: CgeeThresholds.load(args.thresholds, name) if args.thresholds else None
                   for name in names}
     variants = {}
     for spec in args.variant:

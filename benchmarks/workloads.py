@@ -105,7 +105,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from rksc_sgl.verify import CgeeThresholds
 
     thresholds = (CgeeThresholds.load(settings.cgee_thresholds, problems[0].dataset) if settings.cgee_thresholds
-                  else CgeeThresholds.from_config())
+                  else CgeeThresholds.of_server(backend))
     verify_modes = {"full": None, "cgee": thresholds} if mode.cgee else {"full": None}
     results, verify_s, verify_tokens = solve_batch(problems, settings, backend, modes=verify_modes,
                                                    exemplars=exemplars, chunk=settings.max_concurrency or 16)

@@ -247,7 +247,7 @@ def policy_server_url(tmp_path_factory):
              "--cgee-min-layer": SERVER_POLICY.min_layer}
     args = ["--max-total-tokens", "16384", "--log-level", "warning",
             *(str(x) for flag, value in flags.items() for x in (flag, value))]
-    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("cgee-server")) as url:
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("cgee-server"), timeout_s=900) as url:
         yield url
 
 

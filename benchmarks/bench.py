@@ -3,9 +3,12 @@
     python -m benchmarks.bench --workload sc --datasets gsm8k,arc-challenge,mmlu-stem,gpqa \\
         --limit 50 --modes no-cache,exact,rksc,rsbcm-only --repeats 1
 
-For each mode it starts one engine, warms it up, and runs the workload on every dataset
-(``--repeats`` times, flushing the radix cache before each repeat; wall time is the median).
-Every mode sees the same problems, exemplars, seeds and model. After all modes ran, speed-ups
+Each repeat runs every mode, in an order that rotates between repeats (repeat r starts at mode
+r mod M, recorded as ``mode_order``), so that drift over a long run falls on every mode alike;
+each (repeat, mode) starts one engine, warms it up and runs the workload on every dataset (radix
+cache flushed first). Wall time is the median over repeats. Every mode sees the same problems,
+exemplars, seeds and model; CGEE modes' rows count their own tokens and time apart from the
+untimed full-depth reference pass (``reference_*``). After all modes ran, speed-ups
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
 summary table is printed last. ``python -m benchmarks.plot`` draws the figures and
@@ -108,9 +111,16 @@ def split_problems(name: str, shots: int, limit: int):
     return tuple(problems[:shots]), problems[shots:]
 
 
+def mode_order(modes: list, repeat: int) -> list:
+    """The modes in the order repeat ``repeat`` runs them: starting at mode ``repeat mod M``, so
+    that drift over a long run (a shared machine warming, other jobs) falls on every mode alike."""
+    start = repeat % len(modes)
+    return modes[start:] + modes[:start]
+
+
 def run_mode(mode, args, data) -> dict[str, dict]:
-    """Run the workload on every dataset under ``mode``: one engine for all of them, or one per
-    dataset when the pool is sized per dataset (``--pool-fraction``); raw results by dataset."""
+    """One repeat of the workload on every dataset under ``mode``: one engine for all of them, or
+    one per dataset when the pool is sized per dataset (``--pool-fraction``); raw results by dataset."""
     if args.pool_tokens is None:
         return run_engine(mode, args, data, args.max_total_tokens)
     raw = {}
@@ -120,7 +130,7 @@ def run_mode(mode, args, data) -> dict[str, dict]:
 
 
 def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict]:
-    """Start one engine for ``mode`` and run the workload on every dataset of ``data``."""
+    """Start one engine for ``mode``, warm it up and run the workload once on every dataset of ``data``."""
     from rksc_sgl.engine import launch_engine
     from rksc_sgl.frontend import RkscEngineEndpoint
 
@@ -135,22 +145,42 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
         exemplars, problems = next(iter(data.values()))
         workload.run(problems[:2], backend, mode, settings, exemplars)  # warm-up
         for name, (exemplars, problems) in tqdm(data.items(), desc=f"{args.workload} / {mode.name}"):
-            walls, run, counters, evicted = [], None, [], 0
-            for _ in range(args.repeats):
-                backend.flush_cache()
-                evicted_before = backend.kv_pool()["evicted_tokens"]
-                backend.reset_counters()
-                t0 = time.perf_counter()
-                run = workload.run(problems, backend, mode, settings, exemplars)
-                walls.append(time.perf_counter() - t0 - run.reference_s)
-                counters.append(backend.reset_counters())
-                pool = backend.kv_pool()
-                evicted += pool["evicted_tokens"] - evicted_before
-            raw[name] = {"walls": walls, "run": run, "counters": counters, "evicted": evicted, "pool": pool,
+            backend.flush_cache()
+            evicted_before = backend.kv_pool()["evicted_tokens"]
+            backend.reset_counters()
+            t0 = time.perf_counter()
+            run = workload.run(problems, backend, mode, settings, exemplars)
+            wall = time.perf_counter() - t0 - run.reference_s
+            counters = backend.reset_counters()
+            if run.reference_tokens is not None:  # the mode's own work, apart from the reference pass
+                counters = counters - run.reference_tokens
+            pool = backend.kv_pool()
+            raw[name] = {"wall": wall, "run": run, "counters": counters, "reference": run.reference_tokens,
+                         "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool,
                          "max_total_tokens": max_total_tokens}
     finally:
         backend.shutdown()
     return raw
+
+
+def run_all(args, data) -> tuple[dict[str, dict[str, dict]], list[list[str]]]:
+    """Every repeat of every mode, the mode order rotating between repeats (``mode_order``); one
+    engine per (repeat, mode). Raw results by mode and dataset (walls, counters, ... per repeat),
+    and the order each repeat ran."""
+    results = {m.name: {} for m in args.mode_objs}
+    orders = []
+    for repeat in range(args.repeats):
+        order = mode_order(args.mode_objs, repeat)
+        orders.append([m.name for m in order])
+        for mode in order:
+            for name, r in run_mode(mode, args, data).items():
+                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0})
+                acc["walls"].append(r["wall"])
+                acc["counters"].append(r["counters"])
+                acc["references"].append(r["reference"])
+                acc["evicted"] += r["evicted"]
+                acc.update(run=r["run"], pool=r["pool"], max_total_tokens=r["max_total_tokens"])
+    return results, orders
 
 
 def sum_counters(per_repeat: list):
@@ -181,6 +211,12 @@ def build_rows(args, results, meta) -> list[dict]:
                 "prefill_tokens": c.prefill_tokens, "cached_tokens": c.cached_tokens,
                 "prefill_tokens_per_repeat": [x.prefill_tokens for x in r["counters"]],
                 "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                # CGEE modes: the untimed full-depth reference pass, counted apart (not in the above).
+                "reference_prefill_tokens": (sum(x.prefill_tokens for x in r["references"])
+                                             if r["references"][0] is not None else None),
+                "reference_completion_tokens": (sum(x.completion_tokens for x in r["references"])
+                                                if r["references"][0] is not None else None),
+                "verify_prefill_tokens": run.stats.get("verify_prefill_tokens"),
                 "reuse_rate": round(c.cached_tokens / c.prompt_tokens, 4) if c.prompt_tokens else None,
                 "accuracy": round(sum(run.correct) / n, 4) if n else None,
                 "accuracy_ci95": st.wilson_ci95(sum(run.correct), n),
@@ -232,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             "pool_fraction": args.pool_fraction,  # each row records its own max_total_tokens
             "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
-    results = {mode.name: run_mode(mode, args, data) for mode in args.mode_objs}
+    results, meta["mode_order"] = run_all(args, data)
     meta["run_total_s"] = round(time.perf_counter() - started, 1)
     rows = build_rows(args, results, meta)
     out = args.output_dir / f"{args.workload}.jsonl"

@@ -23,6 +23,7 @@ from programs.bon import candidate_tokens, sample_candidates, verify_all
 from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig
 from rksc_sgl.cgee import Candidate, CgeeThresholds, VerifyResult
+from rksc_sgl.frontend import TokenCounters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,22 +43,24 @@ class BonResult:
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
                 modes: dict[str, CgeeThresholds | None] | None = None, chunk: int = 16,
                 exemplars: tuple[Problem, ...] = (), lens: bool = False,
-                repeats: int = 1) -> tuple[list[BonResult], dict[str, float]]:
-    """Best-of-N on every problem in every mode; also the verification wall time per mode.
+                repeats: int = 1) -> tuple[list[BonResult], dict[str, float], dict[str, TokenCounters]]:
+    """Best-of-N on every problem in every mode; also the verification wall time per mode and the
+    tokens its verification phases sent (every run of them), apart from candidate generation.
 
     ``modes`` maps a name to CGEE thresholds, or to None for full depth; ``"full"`` is required
-    (default: ``{"full": None, "cgee": RkscConfig's thresholds}``).
+    (default: ``{"full": None, "cgee": the server's thresholds}``).
 
     Each round's verification phases run ``repeats`` times in alternating mode order (the
     machine is shared: its timings are noisy); a round counts its median per mode. ``lens`` asks
     the full-depth pass for every layer's lens diagnostics (calibration reads them).
     """
-    modes = dict(modes) if modes is not None else {"full": None, "cgee": CgeeThresholds.from_config()}
+    modes = dict(modes) if modes is not None else {"full": None, "cgee": CgeeThresholds.of_server(backend)}
     if modes.get("full", 0) is not None:
         raise ValueError("modes must map 'full' to None: CGEE error is measured against it")
     names = list(modes)
     results: list[BonResult] = []
     verify_s = {m: 0.0 for m in modes}
+    verify_tokens = {m: TokenCounters() for m in modes}
     for first in range(0, len(problems), chunk):
         part = problems[first:first + chunk]
         candidate_sets = sample_candidates(part, config, backend, first_index=first, exemplars=exemplars)
@@ -65,14 +68,16 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
         for r in range(repeats):
             for i in range(len(names)):
                 mode = names[(i + r + first // chunk) % len(names)]  # rotate who goes first
+                before = backend.counters_snapshot()
                 verdicts, s = verify_all(backend, candidate_sets, modes[mode], lens=lens and mode == "full")
+                verify_tokens[mode] = verify_tokens[mode] + (backend.counters_snapshot() - before)
                 by_mode.setdefault(mode, verdicts)
                 seconds[mode].append(s)
         for mode in modes:
             verify_s[mode] += statistics.median(seconds[mode])
         for j, problem in enumerate(part):
             results.append(BonResult(problem, candidate_sets[j], {m: by_mode[m][j] for m in modes}))
-    return results, verify_s
+    return results, verify_s, verify_tokens
 
 
 def summarize(results: list[BonResult], verify_s: dict[str, float], dataset: str) -> list[dict[str, Any]]:
@@ -115,12 +120,12 @@ def measure(backend, dataset: str, limit: int, *, num_candidates: int = 4, max_n
             variants: dict[str, CgeeThresholds] | None = None, chunk: int = 16,
             repeats: int = 2) -> list[dict[str, Any]]:
     """Best-of-N with verification on the first ``limit`` problems of ``dataset``: modes "full",
-    "cgee" (``thresholds``, default RkscConfig's) and one CGEE mode per entry of ``variants``."""
+    "cgee" (``thresholds``, default the server's) and one CGEE mode per entry of ``variants``."""
     problems = load(dataset, limit)
     tokens = max_new_tokens or candidate_tokens(dataset)
     config = SamplingConfig(num_candidates, tokens, temperature, seed)
-    modes = {"full": None, "cgee": thresholds or CgeeThresholds.from_config(), **(variants or {})}
-    results, verify_s = solve_batch(problems, config, backend, modes=modes, chunk=chunk, repeats=repeats)
+    modes = {"full": None, "cgee": thresholds or CgeeThresholds.of_server(backend), **(variants or {})}
+    results, verify_s, _ = solve_batch(problems, config, backend, modes=modes, chunk=chunk, repeats=repeats)
     return [{**row, "thresholds": dataclasses.asdict(modes[row["mode"]]) if modes[row["mode"]] else None}
             for row in summarize(results, verify_s, dataset)]
 
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/results/bon_verify.jsonl")
     args = p.parse_args(argv)
     names = [x for x in args.datasets.split(",") if x]
-    thresholds = {name: CgeeThresholds.load(args.thresholds, name) if args.thresholds else CgeeThresholds.from_config()
+    thresholds = {name: CgeeThresholds.load(args.thresholds, name) if args.thresholds else None
                   for name in names}
     variants = {}
     for spec in args.variant:

@@ -172,7 +172,7 @@ def collect(backend, datasets: list[str], size: int, reserve: int, num_candidate
             raise ValueError(f"--calibration-size {size} + --reserve {reserve} exceed {name}'s {len(problems)} problems")
         tokens = candidate_tokens(name)
         config = SamplingConfig(num_candidates, tokens, seed=seed)
-        results, _ = solve_batch(problems[-size:], config, backend, modes={"full": None}, lens=True)
+        results, _, _ = solve_batch(problems[-size:], config, backend, modes={"full": None}, lens=True)
         for r in results:
             v = r.verdicts["full"]
             records.append({"dataset": name, "id": r.problem.id, "gold": r.problem.answer,

@@ -1,8 +1,10 @@
 """The benchmark's modes: which rksc-sgl mechanisms are on, and how the engine is configured.
 
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
-with LRU); ``rksc`` turns on every mechanism that has landed; the ``*-only`` modes are the
-ablations. A mode that needs a mechanism which has not landed is refused, naming it.
+with LRU); ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock LRU with no
+mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
+mechanism that has landed; the ``*-only`` modes are the ablations. A mode that needs a mechanism
+which has not landed is refused, naming it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rksc_sgl.config import RkscConfig
+from rksc_sgl.config import BACKEND_NAME, RkscConfig
 
 MECHANISMS = ("asks", "cgee", "rsbcm")
 LANDED: frozenset[str] = frozenset({"rsbcm", "cgee", "asks"})  # grows as mechanisms land
@@ -21,12 +23,15 @@ class Mode:
     name: str
     mechanisms: frozenset[str] = frozenset()
     disable_radix_cache: bool = False
+    backend: str | None = None  # --radix-cache-backend; None: what the mechanisms imply
 
     def rksc_config(self) -> RkscConfig:
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
 
     def engine_overrides(self) -> dict[str, Any]:
-        return {"disable_radix_cache": True} if self.disable_radix_cache else {}
+        if self.disable_radix_cache:
+            return {"disable_radix_cache": True}
+        return {"radix_cache_backend": self.backend} if self.backend else {}
 
     @property
     def cgee(self) -> bool:
@@ -36,6 +41,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "no-cache": Mode("no-cache", disable_radix_cache=True),
     "exact": Mode("exact"),
+    "rksc-lru": Mode("rksc-lru", backend=BACKEND_NAME),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),

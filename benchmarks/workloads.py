@@ -56,8 +56,10 @@ class WorkloadRun:
     branch_digests: list[list[str]] = dataclasses.field(default_factory=list)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
-    # verifier that CGEE error is measured against); subtracted from the mode's wall time.
+    # verifier that CGEE error is measured against); subtracted from the mode's wall time, and the
+    # tokens those measurements sent (a frontend TokenCounters), subtracted from the mode's counters.
     reference_s: float = 0.0
+    reference_tokens: Any = None
     details: Any = None  # the program's own per-problem results, for comparisons across modes
 
 
@@ -103,12 +105,14 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     from rksc_sgl.cgee import CgeeThresholds
 
     thresholds = (CgeeThresholds.load(settings.cgee_thresholds, problems[0].dataset) if settings.cgee_thresholds
-                  else CgeeThresholds.from_config())
+                  else CgeeThresholds.of_server(backend))
     verify_modes = {"full": None, "cgee": thresholds} if mode.cgee else {"full": None}
-    results, verify_s = solve_batch(problems, settings, backend, modes=verify_modes, exemplars=exemplars,
-                                   chunk=settings.max_concurrency or 16)
+    results, verify_s, verify_tokens = solve_batch(problems, settings, backend, modes=verify_modes,
+                                                   exemplars=exemplars, chunk=settings.max_concurrency or 16)
     used = list(verify_modes)[-1]
-    stats = {}
+    # The verification phase's own tokens (the mode's verifier: CGEE's, or full depth's).
+    stats = {"verify_prefill_tokens": verify_tokens[used].prefill_tokens,
+             "verify_requests": verify_tokens[used].requests}
     if mode.cgee:
         row = next(r for r in summarize(results, verify_s, "") if r["mode"] == "cgee")
         stats = {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_errors",
@@ -119,7 +123,8 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results],
                        [[c.answer for c in r.candidates] for r in results],
                        [[digest(c.context) for c in r.candidates] for r in results], stats,
-                       reference_s=verify_s["full"] if mode.cgee else 0.0)
+                       reference_s=verify_s["full"] if mode.cgee else 0.0,
+                       reference_tokens=verify_tokens["full"] if mode.cgee else None)
 
 
 EXEMPLAR_POOL = 200  # paraphrase-sc draws each problem's exemplars from the dataset's last 200

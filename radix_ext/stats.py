@@ -11,6 +11,9 @@ An AFTER hook on ``SchedulerInternalStateController.get_internal_state`` (instal
 * with ASKS on, ``asks``: its counters (``radix_ext.asks.Counters``: decisions by outcome, reused
   tokens, signatures and their bytes), the bytes the live nodes really hold, tau and layers.
 
+The same hook adds ``rksc_cgee``: the server's CGEE thresholds (``--cgee-*``), which is where
+every client's ``verify()`` reads them when the program passes none (``rksc_sgl.cgee``).
+
 Evicted-token totals are in ``rksc_kv_pool`` (``radix_ext.introspection``). Only meaningful
 while no request runs.
 """
@@ -22,8 +25,9 @@ import dataclasses
 from typing import Any
 
 from radix_ext.introspection import TARGET as STATE_TARGET  # the same readback hook point
+from rksc_sgl.config import RkscConfig
+from rksc_sgl.protocol import CGEE_KEY
 from rksc_sgl.protocol import STATS_KEY as KEY
-
 
 
 def node_metadata(cache) -> list[list[Any]]:
@@ -73,8 +77,15 @@ def cache_stats(cache) -> dict[str, Any]:
     return stats
 
 
+def cgee_policy(config: RkscConfig) -> dict[str, Any]:
+    """The server's CGEE thresholds, named as ``rksc_sgl.cgee.CgeeThresholds``'s fields."""
+    return {f.name.removeprefix("cgee_"): getattr(config, f.name)
+            for f in dataclasses.fields(config) if f.name.startswith("cgee_")}
+
+
 def _add_cache_stats(result, controller, *args, **kwargs):
     result.internal_state[KEY] = cache_stats(controller.scheduler.tree_cache)
+    result.internal_state[CGEE_KEY] = cgee_policy(RkscConfig.from_env())
     return result
 
 

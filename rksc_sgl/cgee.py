@@ -29,7 +29,7 @@ from typing import Any
 
 from rksc_sgl.confidence import SkipDecision, answer_confidences, branch_confidence, skip_decision
 from rksc_sgl.config import RkscConfig
-from rksc_sgl.protocol import EarlyExitParams
+from rksc_sgl.protocol import CGEE_KEY, EarlyExitParams
 
 VERIFY_QUESTION = "Is the solution above correct? Answer Yes or No."
 YES_WORDS = ("Yes", " Yes", "yes", " yes")
@@ -50,6 +50,20 @@ class CgeeThresholds:
         config = config or RkscConfig.from_env()
         return cls(config.cgee_tau_conf, config.cgee_margin, config.cgee_theta, config.cgee_epsilon,
                    config.cgee_min_layer)
+
+    @classmethod
+    def of_server(cls, backend) -> "CgeeThresholds":
+        """The thresholds of the server (or engine) behind ``backend``: its ``--cgee-*`` flags, read
+        once from its internal state (``/server_info``) and kept on the backend. A server that does
+        not report them (stock SGLang, no plugin) gets ``RkscConfig``'s defaults."""
+        cached = getattr(backend, "_rksc_cgee", None)
+        if cached is None:
+            states = backend.get_server_info().get("internal_states") or [{}]
+            reported = states[0].get(CGEE_KEY)
+            config = RkscConfig(**{f"cgee_{k}": v for k, v in reported.items()}) if reported else RkscConfig()
+            cached = cls.from_config(config)
+            backend._rksc_cgee = cached  # one assignment: safe for concurrent first calls
+        return cached
 
     @classmethod
     def load(cls, path: str, dataset: str | None = None) -> "CgeeThresholds":
@@ -149,14 +163,15 @@ def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
            thresholds: CgeeThresholds | None = None, lens: bool = False) -> VerifyResult:
     """Choose the winner among ``candidates`` (see the module docstring for the modes).
 
-    ``thresholds`` default to ``RkscConfig`` (``--cgee-*`` flags; ``CgeeThresholds.load`` reads a
-    calibration file). ``lens`` (mode "full") asks for every layer's lens diagnostics.
+    ``thresholds`` default to the server's (its ``--cgee-*`` flags, ``CgeeThresholds.of_server``);
+    a program passes its own to override them (``CgeeThresholds.load`` reads a calibration file).
+    ``lens`` (mode "full") asks for every layer's lens diagnostics.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not candidates:
         raise ValueError("verify needs at least one candidate")
-    thresholds = thresholds or CgeeThresholds.from_config()
+    thresholds = thresholds or CgeeThresholds.of_server(backend)
     confidences, decision = _level1(candidates, thresholds)
     if mode == "cgee" and decision.skip:
         winner = max((i for i, c in enumerate(candidates) if c.answer == decision.winner),

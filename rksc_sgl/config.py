@@ -28,8 +28,9 @@ class RkscConfig:
     seeded_sampling: bool = True
     # Diagnostics: each sampled token's Gumbel decision margin in meta_info (rksc_sample_margin).
     report_sampling_margins: bool = False
-    # CGEE verify() defaults (rksc_sgl.cgee). Level 1 skips verification when the winner's
-    # confidence >= tau_conf and beats the runner-up by the relative margin; level 2 exits at the
+    # CGEE thresholds of a server (--cgee-*): what every client's verify() uses unless the program
+    # passes its own (rksc_sgl.cgee; the server reports them in its internal state). Level 1 skips
+    # verification when the winner's confidence >= tau_conf and beats the runner-up by the relative margin; level 2 exits at the
     # first layer >= min_layer with lens entropy < theta that moved < epsilon (nats). Values:
     # the pooled "thresholds" of benchmarks/results/cgee_thresholds.json, calibrated for
     # SmolLM2-135M with seeded sampling on 400 held-apart problems (the last 100 of each dataset)

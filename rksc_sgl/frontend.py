@@ -70,6 +70,12 @@ class TokenCounters:
         self.cached_tokens += meta_info.get("cached_tokens", 0)
         self.completion_tokens += meta_info.get("completion_tokens", 0)
 
+    def __add__(self, other: "TokenCounters") -> "TokenCounters":
+        return TokenCounters(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
+
+    def __sub__(self, other: "TokenCounters") -> "TokenCounters":
+        return TokenCounters(*(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)))
+
 
 def branch_options(state, *, sampling_seed: int | None = None, depth: int | None = None,
                    score: float | None = None) -> None:
@@ -181,6 +187,11 @@ class RkscEndpoint(RuntimeEndpoint):
         with self._counter_lock:
             totals, self.counters = self.counters, TokenCounters()
         return totals
+
+    def counters_snapshot(self) -> TokenCounters:
+        """The totals so far, leaving them running (a phase's tokens are the difference of two)."""
+        with self._counter_lock:
+            return dataclasses.replace(self.counters)
 
     def _post_generate(self, data: dict[str, Any], routing_key: str | None, stream: bool = False):
         """POST ``data`` to ``/generate``, with the program's routing key as a header if given.

@@ -232,3 +232,50 @@ class TestVerifyPrimitive:
         assert result.exit_layers == (5, 5) and all(0.0 < s < 1.0 for s in result.scores)
         confident = CgeeThresholds(tau_conf=0.5, margin=0.5, theta=1.0, epsilon=0.2, min_layer=8)
         assert verify(endpoint, self.CANDIDATES[:1], mode="cgee", thresholds=confident).skipped
+
+
+# Non-default on every threshold: level 1 never skips (tau_conf = 1), level 2 exits at layer 4.
+SERVER_POLICY = CgeeThresholds(tau_conf=1.0, margin=1.0, theta=20.0, epsilon=20.0, min_layer=4)
+
+
+@pytest.fixture(scope="module")
+def policy_server_url(tmp_path_factory):
+    """``rksc_sgl.launch_server`` started with ``SERVER_POLICY`` as its ``--cgee-*`` flags."""
+    from rksc_sgl.servers import http_server
+
+    flags = {"--cgee-tau-conf": SERVER_POLICY.tau_conf, "--cgee-margin": SERVER_POLICY.margin,
+             "--cgee-theta": SERVER_POLICY.theta, "--cgee-epsilon": SERVER_POLICY.epsilon,
+             "--cgee-min-layer": SERVER_POLICY.min_layer}
+    args = ["--max-total-tokens", "16384", "--log-level", "warning",
+            *(str(x) for flag, value in flags.items() for x in (flag, value))]
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("cgee-server"), timeout_s=900) as url:
+        yield url
+
+
+class TestServerPolicy:
+    """The server's ``--cgee-*`` flags are what an HTTP client's ``verify`` uses unless the program
+    passes its own thresholds."""
+
+    CANDIDATES = TestVerifyPrimitive.CANDIDATES[:2]
+
+    def test_http_clients_verify_with_the_servers_thresholds(self, policy_server_url):
+        from rksc_sgl.frontend import RkscEndpoint
+
+        endpoint = RkscEndpoint(policy_server_url)
+        assert CgeeThresholds.of_server(endpoint) == SERVER_POLICY  # reachable through the API
+        result = verify(endpoint, self.CANDIDATES, mode="cgee")  # no thresholds: the server's
+        assert not result.skipped and result.exit_layers == (4, 4) and result.layers_run == (4, 4)
+
+    def test_a_programs_own_thresholds_override_the_servers(self, policy_server_url):
+        from rksc_sgl.frontend import RkscEndpoint
+
+        endpoint = RkscEndpoint(policy_server_url)
+        own = CgeeThresholds(tau_conf=1.0, margin=1.0, theta=20.0, epsilon=20.0, min_layer=6)
+        assert verify(endpoint, self.CANDIDATES, mode="cgee", thresholds=own).exit_layers == (6, 6)
+        confident = CgeeThresholds(tau_conf=0.5, margin=0.5, theta=1.0, epsilon=0.2, min_layer=8)
+        assert verify(endpoint, self.CANDIDATES[:1], mode="cgee", thresholds=confident).skipped
+
+    def test_an_engine_reports_its_own_defaults(self, backend):
+        from rksc_sgl.config import RkscConfig
+
+        assert CgeeThresholds.of_server(backend) == CgeeThresholds.from_config(RkscConfig())

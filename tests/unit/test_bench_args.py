@@ -107,3 +107,54 @@ def test_a_bad_per_dataset_entry_fails_at_start_too(capsys, tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--workload", "bon-verify", "--cgee-thresholds", str(path)])
     assert "--cgee-margin" in capsys.readouterr().err
+
+
+def test_rksc_lru_is_our_cache_class_under_stock_lru_with_no_mechanism():
+    from rksc_sgl.config import BACKEND_NAME
+
+    (lru,) = resolve_modes("rksc-lru")
+    assert lru.mechanisms == frozenset() and not lru.cgee
+    config = lru.rksc_config()
+    assert not config.rsbcm and not config.asks  # stock LRU: no RSBCM strategy, no ASKS
+    assert lru.engine_overrides() == {"radix_cache_backend": BACKEND_NAME}
+    (exact,) = resolve_modes("exact")
+    assert "radix_cache_backend" not in exact.engine_overrides()  # exact keeps SGLang's default class
+
+
+def test_repeat_r_starts_at_mode_r_mod_m():
+    from benchmarks.bench import mode_order
+
+    modes = ["a", "b", "c"]
+    assert [mode_order(modes, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                          ["a", "b", "c"]]
+
+
+def test_run_all_rotates_engines_and_keeps_each_repeat_per_mode(monkeypatch):
+    import benchmarks.bench as bench
+    from rksc_sgl.frontend import TokenCounters
+
+    ran = []
+
+    def one_repeat(mode, args, data):  # stands in for an engine: records the order it was started in
+        ran.append(mode.name)
+        wall = float(len(ran))
+        return {"gsm8k": {"wall": wall, "run": wall, "counters": TokenCounters(1, 10, 4, 2), "reference": None,
+                          "evicted": 3, "pool": {}, "max_total_tokens": None}}
+
+    monkeypatch.setattr(bench, "run_mode", one_repeat)
+    args = parse_args(["--modes", "exact,rksc-lru,rsbcm-only", "--repeats", "3", "--datasets", "gsm8k"])
+    results, orders = bench.run_all(args, {"gsm8k": None})
+    assert orders == [["exact", "rksc-lru", "rsbcm-only"], ["rksc-lru", "rsbcm-only", "exact"],
+                      ["rsbcm-only", "exact", "rksc-lru"]]
+    assert ran == [name for order in orders for name in order]
+    assert results["exact"]["gsm8k"]["walls"] == [1.0, 6.0, 8.0]  # its slot in each repeat, in repeat order
+    assert results["rsbcm-only"]["gsm8k"]["evicted"] == 9 and len(results["exact"]["gsm8k"]["counters"]) == 3
+
+
+def test_token_counters_subtract_a_phase_field_by_field():
+    from rksc_sgl.frontend import TokenCounters
+
+    total, reference = TokenCounters(10, 1000, 600, 50), TokenCounters(4, 300, 250, 4)
+    own = total - reference
+    assert own == TokenCounters(6, 700, 350, 46) and own.prefill_tokens == 350
+    assert own + reference == total

@@ -2,7 +2,8 @@
 
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
 with LRU); ``rksc`` turns on every mechanism that has landed; the ``*-only`` modes are the
-ablations. A mode that needs a mechanism which has not landed is refused, naming it.
+ablations; ``adaptive`` is ``exact`` plus the run's stop rule (``--stop-rule``): each problem's
+branches are sampled in rounds until the rule decides its vote. A mode that needs a mechanism which has not landed is refused, naming it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Mode:
     name: str
     mechanisms: frozenset[str] = frozenset()
     disable_radix_cache: bool = False
+    adaptive: bool = False  # sample under the run's stop rule (``BenchSettings.stop_rule``)
 
     def rksc_config(self) -> RkscConfig:
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
@@ -36,6 +38,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "no-cache": Mode("no-cache", disable_radix_cache=True),
     "exact": Mode("exact"),
+    "adaptive": Mode("adaptive", adaptive=True),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),

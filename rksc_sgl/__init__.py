@@ -20,6 +20,9 @@ _EXPORTS = {
     "report_score": "rksc_sgl.scores",
     "Candidate": "rksc_sgl.verify",
     "verify": "rksc_sgl.verify",
+    # Adaptive sampling: fork until a stop rule decides the vote.
+    "adaptive_fork": "rksc_sgl.adaptive",
+    "StopRule": "rksc_sgl.stop_rules",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -232,7 +232,7 @@ def build_rows(args, results, meta) -> list[dict]:
 def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
     """Branches sampled against full N; for ``adaptive``, completion tokens against ``exact`` and
     the runtime's savings beside the replay of the same rule on exact's branches."""
-    from rksc_sgl.stop_rules import StopRule
+    from rksc_sgl.adaptive import StopRule
 
     full = len(run.branch_answers) * args.num_branches
     sampled = sum(len(b) for b in run.branch_answers)

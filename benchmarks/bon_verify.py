@@ -22,7 +22,7 @@ from benchmarks.stats import clopper_pearson_upper95, wilson_ci95
 from programs.bon import candidate_tokens, sample_candidates, verify_all
 from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig
-from rksc_sgl.stop_rules import StopRule
+from rksc_sgl.adaptive import StopRule
 from rksc_sgl.verify import Candidate, CgeeThresholds, VerifyResult
 
 

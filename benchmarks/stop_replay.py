@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from rksc_sgl.stop_rules import StopRule, leader, replay
+from rksc_sgl.adaptive import StopRule, leader, replay
 
 CURVE = (*(f"esc:{w}" for w in range(2, 7)), *(f"beta:{c}" for c in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99)))
 

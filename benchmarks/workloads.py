@@ -14,7 +14,7 @@ from typing import Any, Callable
 from benchmarks.modes import Mode
 from programs.datasets import Problem
 from programs.sampling import SamplingConfig
-from rksc_sgl.stop_rules import StopRule
+from rksc_sgl.adaptive import StopRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class BenchSettings(SamplingConfig):
     # CGEE modes: thresholds from this calibrate_cgee file (per dataset where it has them);
     # None: RkscConfig's (pooled) defaults.
     cgee_thresholds: str | None = None
-    # The ``adaptive`` mode's stop rule (``rksc_sgl.stop_rules.StopRule.parse`` syntax).
+    # The ``adaptive`` mode's stop rule (``rksc_sgl.adaptive.StopRule.parse`` syntax).
     stop_rule: str = "esc:3"
 
     def __post_init__(self) -> None:

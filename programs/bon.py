@@ -16,7 +16,7 @@ import time
 from programs.datasets import Problem, extract_answer
 from programs.sampling import SamplingConfig
 from programs.sc import run_branches
-from rksc_sgl.stop_rules import StopRule
+from rksc_sgl.adaptive import StopRule
 from rksc_sgl.verify import Candidate, CgeeThresholds, VerifyResult, verify
 
 

@@ -23,7 +23,7 @@ from programs.datasets import Problem, extract_answer, format_question
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.frontend import branch_options
-from rksc_sgl.stop_rules import StopRule, leader
+from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.verify import token_logprobs
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."

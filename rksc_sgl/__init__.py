@@ -22,7 +22,7 @@ _EXPORTS = {
     "verify": "rksc_sgl.verify",
     # Adaptive sampling: fork until a stop rule decides the vote.
     "adaptive_fork": "rksc_sgl.adaptive",
-    "StopRule": "rksc_sgl.stop_rules",
+    "StopRule": "rksc_sgl.adaptive",
 }
 
 __all__ = sorted(_EXPORTS)

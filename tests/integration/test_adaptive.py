@@ -12,7 +12,7 @@ import pytest
 import sglang as sgl
 
 from rksc_sgl import StopRule, adaptive_fork, branch_options
-from rksc_sgl.stop_rules import replay
+from rksc_sgl.adaptive import replay
 from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration

@@ -59,7 +59,7 @@ class TestVoteSkip:
 
     def test_a_rule_decides_on_the_candidates_answers_and_none_never_does(self):
         from programs.bon import vote_decided
-        from rksc_sgl.stop_rules import StopRule
+        from rksc_sgl.adaptive import StopRule
 
         same = (Candidate("", "A", ()), Candidate("", "A", ()))
         assert vote_decided(StopRule.parse("esc:2"), same)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.stop_replay import CURVE, choose, curve, replay_rule
-from rksc_sgl.stop_rules import StopRule
+from rksc_sgl.adaptive import StopRule
 
 # Two problems x 6 branches: the first settles on A at once, the second only at the end.
 ANSWERS = [["A", "A", "A", "B", "A", "A"], ["A", "B", "C", "B", "B", "B"]]

@@ -1,96 +1,105 @@
-"""Stop rules on simulated vote sequences: when each is decided, what it never looks at, parsing."""
+"""``rksc_sgl.stop_rules``: trace confidence over a sliding window, and the ESC and Beta
+(Adaptive-Consistency) votes over branch answers by index."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from rksc_sgl.stop_rules import StopRule, beta, esc, leader, leader_probability, replay
+from rksc_sgl import stop_rules
+from rksc_sgl.stop_rules import (WindowConfidence, beta_decision, decide, esc_decision, leader_stays_probability,
+                                 should_stop_trace, token_confidence)
+
+
+class TestTraceConfidence:
+    def test_token_confidence_is_minus_the_mean_of_the_first_k_logprobs(self):
+        assert token_confidence([-0.1, -2.0, -3.9, -9.0], 3) == pytest.approx(2.0)
+
+    def test_a_peaked_step_is_more_confident_than_a_flat_one(self):
+        peaked = [math.log(0.97), math.log(0.01), math.log(0.01)]
+        flat = [math.log(0.34), math.log(0.33), math.log(0.33)]
+        assert token_confidence(peaked, 3) > token_confidence(flat, 3)
+
+    def test_no_logprob_is_refused(self):
+        with pytest.raises(ValueError):
+            token_confidence([], 3)
+
+    def test_the_window_judges_only_once_full_and_then_the_last_window_tokens(self):
+        window = WindowConfidence(3)
+        assert [window.push(c) for c in (1.0, 2.0)] == [None, None]
+        assert window.push(3.0) == pytest.approx(2.0)
+        assert window.push(7.0) == pytest.approx(4.0)  # (2 + 3 + 7) / 3
+
+    def test_the_running_mean_matches_a_direct_mean_over_a_long_trace(self):
+        rng = random.Random(0)
+        values = [rng.uniform(0, 20) for _ in range(5000)]
+        window = WindowConfidence(64)
+        means = [window.push(v) for v in values]
+        assert means[-1] == pytest.approx(sum(values[-64:]) / 64, rel=1e-12)
+
+    def test_a_trace_stops_only_below_the_threshold(self):
+        assert should_stop_trace(1.9, 2.0)
+        assert not should_stop_trace(2.0, 2.0)
+        assert not should_stop_trace(None, 2.0)
 
 
 class TestEsc:
-    def test_a_complete_window_of_one_answer_decides(self):
-        assert esc(["A", "A", "A"], 3)
-        assert esc(["A", "B", "C", "B", "B", "B"], 3)
+    def test_the_first_complete_unanimous_window_decides(self):
+        answers = {0: "4", 1: "5", 2: "4", 3: "7", 4: "7", 5: "7"}
+        assert esc_decision(answers, window=3) == "7"
 
-    def test_a_mixed_window_or_an_incomplete_one_does_not(self):
-        assert not esc(["A", "A", "B"], 3)
-        assert not esc(["A", "A"], 3)
-        assert not esc(["A", "B", "C", "B", "B"], 3)
+    def test_an_incomplete_window_does_not_decide(self):
+        assert esc_decision({0: "7", 1: "7"}, window=3) is None
+        assert esc_decision({3: "7", 4: "7", 6: "7"}, window=3) is None  # window [3, 6) lacks 5
 
-    def test_windows_are_by_branch_index_not_sliding(self):
-        assert not esc(["A", "B", "B", "B", "C", "D"], 3)  # B B B straddles windows [0,3) and [3,6)
+    def test_windows_are_by_index_not_by_finishing_order(self):
+        assert esc_decision({1: "7", 2: "7", 3: "7"}, window=3) is None  # 1..3 spans two windows
 
-    def test_none_answers_count_as_different(self):
-        assert not esc([None, None, None], 3)
-        assert not esc(["A", None, "A"], 3)
+    def test_no_answer_is_never_unanimous(self):
+        assert esc_decision({0: None, 1: None, 2: None}, window=3) is None
+
+    def test_min_samples_holds_the_decision(self):
+        answers = {0: "7", 1: "7"}
+        assert esc_decision(answers, window=2, min_samples=3) is None
+        assert esc_decision({**answers, 5: "1"}, window=2, min_samples=3) == "7"
 
 
 class TestBeta:
-    def test_posterior_is_the_exact_beta_tail(self):
-        # a = 3, b = 0: P(Beta(4, 1) > 1/2) = 1 - 0.5**4.
-        assert leader_probability(["A", "A", "A"]) == pytest.approx(15 / 16)
-        # a = 4, b = 1: P(Bin(6, 1/2) <= 4) = 57/64.
-        assert leader_probability(["A", "B", "A", "A", "A"]) == pytest.approx(57 / 64)
-        assert leader_probability(["A", "B"]) == pytest.approx(0.5)  # a tie
-        assert leader_probability([None, None]) == 0.0
+    def test_the_posterior_is_the_beta_tail_above_one_half(self):
+        assert leader_stays_probability(1, 0) == pytest.approx(0.75)  # Beta(2, 1): 1 - 0.5**2
+        assert leader_stays_probability(4, 0) == pytest.approx(31 / 32)
+        assert leader_stays_probability(3, 3) == pytest.approx(0.5)
 
-    def test_only_leader_and_runner_up_count_and_none_is_no_vote(self):
-        assert leader_probability(["A", "A", "A", "B", "C", None]) == leader_probability(["A", "A", "A", "B"])
+    def test_the_posterior_matches_a_numeric_integral_of_the_beta_density(self):
+        a, b = 7, 3  # votes
+        steps = 200_000
+        density = lambda x: x**a * (1 - x) ** b  # noqa: E731
+        xs = [(i + 0.5) / steps for i in range(steps)]
+        total = sum(density(x) for x in xs)
+        above = sum(density(x) for x in xs if x > 0.5)
+        assert leader_stays_probability(a, b) == pytest.approx(above / total, abs=1e-6)
 
-    def test_decided_at_confidence_and_not_before_min_samples(self):
-        assert beta(["A", "A", "A"], 0.9, 3)
-        assert not beta(["A", "A"], 0.9, 2)  # 7/8 < 0.9
-        assert not beta(["A", "A", "A"], 0.9, 4)
-        assert not beta(["A", "A", "A"], 0.95, 3)  # 15/16 < 0.95
+    def test_four_unanimous_votes_decide_at_095_three_do_not(self):
+        assert beta_decision({0: "7", 1: "7", 2: "7"}, confidence=0.95) is None
+        assert beta_decision({0: "7", 1: "7", 2: "7", 3: "7"}, confidence=0.95) == "7"
 
+    def test_a_contested_vote_needs_a_wider_lead(self):
+        answers = {i: a for i, a in enumerate(["7", "3", "7", "3", "7"])}
+        assert beta_decision(answers, confidence=0.9) is None
+        answers.update({5: "7", 6: "7", 7: "7", 8: "7"})  # 7 against 2
+        assert beta_decision(answers, confidence=0.9) == "7"
 
-class TestReplay:
-    def test_stops_after_the_first_decided_round(self):
-        assert replay(StopRule.parse("esc:3"), ["A", "B", "A", "C", "C", "C", "A", "A", "A"]) == 6
-        assert replay(StopRule.parse("esc:3"), ["A", "B"] * 4) == 8  # never decided: every branch
-        assert replay(StopRule.parse("none"), ["A"] * 8) == 8
-        assert replay(StopRule.parse("beta:0.9:1"), ["A"] * 8) == 3
-
-    def test_the_last_round_may_be_partial(self):
-        assert [len(r) for r in StopRule.parse("esc:3").rounds(8)] == [3, 3, 2]
-        assert [len(r) for r in StopRule.parse("none").rounds(8)] == [8]
-
-    @pytest.mark.parametrize("spec", ["esc:2", "esc:3", "esc:5", "beta:0.6", "beta:0.9", "beta:0.99:1", "beta:0.8:3"])
-    def test_never_looks_at_a_branch_beyond_those_sampled(self, spec):
-        """Whatever the answers after the stop point, the rule stops at the same branch, and it
-        is shown only the branches of completed rounds."""
-        rule, rng = StopRule.parse(spec), random.Random(spec)
-        for _ in range(200):
-            answers = [rng.choice(["A", "A", "B", "C", None]) for _ in range(16)]
-            stop = replay(rule, answers)
-            changed = answers[:stop] + [rng.choice(["A", "B", "D", None]) for _ in range(16 - stop)]
-            assert replay(rule, changed) == stop
-            seen = []
-            probe = StopRule(rule.name, rule.window, rule.confidence, rule.min_samples)
-            object.__setattr__(probe, "decided", lambda a: seen.append(len(a)) or rule.decided(a))
-            replay(probe, answers)
-            assert max(seen) == stop and all(n in {r.stop for r in rule.rounds(16)} for n in seen)
+    def test_branches_without_an_answer_do_not_vote(self):
+        assert beta_decision({0: None, 1: None, 2: None, 3: None}, confidence=0.6) is None
+        assert beta_decision({0: None, 1: "7", 2: None, 3: "7"}, confidence=0.85) == "7"  # 2 vs 0: 0.875
 
 
-def test_leader_is_the_most_frequent_answer_ties_to_the_first_seen():
-    assert leader(["B", "A", "A", "B", None]) == "B"
-    assert leader([None]) is None
-
-
-class TestParse:
-    def test_specs_round_trip(self):
-        for spec in ("none", "esc:3", "beta:0.9", "beta:0.95:1"):
-            assert StopRule.parse(spec).spec == spec
-        rule = StopRule.parse("beta:0.9")
-        assert (rule.window, rule.min_samples, rule.confidence) == (2, 2, 0.9)
-
-    @pytest.mark.parametrize("spec, message", [
-        ("esc", "expected none"), ("esc:1", "window must be >= 2, got 1"), ("esc:x", "not a number"),
-        ("beta:1.2", "confidence must be in (0.5, 1), got 1.2"), ("beta:0.9:0", "window must be >= 1, got 0"),
-        ("adaptive:3", "unknown rule 'adaptive'"), ("none:3", "expected none"),
-    ])
-    def test_bad_specs_name_the_bad_value(self, spec, message):
-        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            StopRule.parse(spec)
+def test_decide_dispatches_on_the_rule_and_refuses_an_unknown_one():
+    answers = {0: "7", 1: "7", 2: "7", 3: "7"}
+    assert decide("esc", answers, window=2) == "7"
+    assert decide("beta", answers, confidence=0.9) == "7"
+    with pytest.raises(ValueError, match="unknown stop rule 'x'"):
+        decide("x", answers)
+    assert stop_rules.RULES == ("esc", "beta")

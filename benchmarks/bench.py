@@ -11,7 +11,11 @@ exemplars, seeds and model; CGEE modes' rows count their own tokens and time apa
 untimed full-depth reference pass (``reference_*``). After all modes ran, speed-ups
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
-summary table is printed last. ``python -m benchmarks.plot`` draws the figures and
+summary table is printed last. With ``exact`` in the run, every stop rule of
+``benchmarks.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
+``<workload>_stop_curve.json``); ``adaptive`` rows compare the runtime's saving with the replay
+of their own rule. Stop thresholds are chosen on other problems: ``--calibration-offset 20``
+evaluates the 20 problems after a ``--limit 20`` run's. ``python -m benchmarks.plot`` draws the figures and
 ``python -m benchmarks.report`` writes the README's results section.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import statistics
 import sys
@@ -31,9 +36,11 @@ from benchmarks import stats as st
 from benchmarks.modes import MODES, resolve_modes
 from programs.datasets import DATASETS, load
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.stop_replay import choose, curve, replay_rule
 from benchmarks.workloads import BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
+ADAPTIVE_WORKLOADS = ("sc", "diverse-sc", "bon-verify")  # the workloads whose branches vote
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cgee-thresholds", default=None,
                    help="CGEE modes: a calibrate_cgee JSON file, its per-dataset thresholds where it has them "
                         "(default: RkscConfig's pooled ones)")
+    p.add_argument("--stop-rule", default=d.stop_rule,
+                   help="adaptive mode: none, esc:W or beta:C[:W] (default: %(default)s)")
+    p.add_argument("--calibration-offset", type=int, default=0,
+                   help="skip this many problems after the exemplars, e.g. to choose stop thresholds on problems "
+                        "held apart from a reported run (default: %(default)s)")
     p.add_argument("--model-path", default=None, help=f"local HF folder (default: {MODEL_NAME})")
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: CPU default)")
     p.add_argument("--pool-fraction", type=float, default=None,
@@ -76,9 +88,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+        if args.calibration_offset < 0:
+            raise ValueError(f"--calibration-offset must be >= 0, got {args.calibration_offset}")
+        if any(m.adaptive for m in args.mode_objs) and args.workload not in ADAPTIVE_WORKLOADS:
+            raise ValueError(f"--modes: adaptive runs only with --workload {', '.join(ADAPTIVE_WORKLOADS)}, "
+                             f"not {args.workload!r}")
         args.pool_tokens = pool_by_dataset(args) if args.pool_fraction is not None else None
         args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots,
-                                      args.max_concurrency, args.cgee_thresholds)
+                                      args.max_concurrency, args.cgee_thresholds, args.stop_rule)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -105,10 +122,11 @@ def pool_by_dataset(args) -> dict[str, int]:
     return pools
 
 
-def split_problems(name: str, shots: int, limit: int):
-    """The first ``shots`` problems are held out as exemplars; the next ``limit`` are evaluated."""
-    problems = load(name, limit=shots + limit)
-    return tuple(problems[:shots]), problems[shots:]
+def split_problems(name: str, shots: int, limit: int, offset: int = 0):
+    """The first ``shots`` problems are held out as exemplars; after ``offset`` more, the next
+    ``limit`` are evaluated."""
+    problems = load(name, limit=shots + offset + limit)
+    return tuple(problems[:shots]), problems[shots + offset:]
 
 
 def mode_order(modes: list, repeat: int) -> list:
@@ -241,9 +259,52 @@ def build_rows(args, results, meta) -> list[dict]:
                 # Tokens left in the radix tree after the last repeat: the run's KV working set when
                 # nothing was evicted (what --max-total-tokens is set against to create pressure).
                 "tree_tokens_after": r["pool"]["evictable"] if not mode.disable_radix_cache else None,
-                "answers": run.answers, "branch_answers": run.branch_answers,
+                "vote_skip_rate": run.stats.get("vote_skip_rate"),
+                **adaptive_columns(mode, args, run, c, by_mode),
+                "answers": run.answers, "branch_answers": run.branch_answers, "branch_tokens": run.branch_tokens,
             })
     return rows
+
+
+def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
+    """Branches sampled against full N; for ``adaptive``, completion tokens against ``exact`` and
+    the runtime's savings beside the replay of the same rule on exact's branches."""
+    from rksc_sgl.adaptive import StopRule
+
+    full = len(run.branch_answers) * args.num_branches
+    sampled = sum(len(b) for b in run.branch_answers)
+    out = {"stop_rule": args.stop_rule if mode.adaptive else None, "branches_sampled": sampled, "branches_full": full}
+    exact = by_mode.get("exact")
+    if not mode.adaptive or exact is None:
+        return out
+    exact_tokens = sum_counters(exact["counters"]).completion_tokens
+    replayed = replay_rule(StopRule.parse(args.stop_rule), exact["run"].branch_answers, exact["run"].branch_tokens)
+    return {**out,
+            "completion_tokens_vs_exact": st.ratio(counters.completion_tokens, exact_tokens),
+            "sample_saving": round(1 - sampled / full, 4) if full else None,
+            "token_saving": round(1 - counters.completion_tokens / exact_tokens, 4) if exact_tokens else None,
+            "replay_sample_saving": replayed["sample_saving"], "replay_token_saving": replayed["token_saving"],
+            "replay_vote_agreement": replayed["vote_agreement"]}
+
+
+def write_curve(args, rows, meta) -> Path | None:
+    """The trade-off curve of every rule replayed on exact's branches, per dataset, with the
+    thresholds that reach 95% vote agreement on these problems; None without an exact run."""
+    exact = [r for r in rows if r["mode"] == "exact"]
+    if not exact:
+        return None
+    per_dataset = {}
+    for r in exact:
+        points = curve(r["branch_answers"], r["branch_tokens"])
+        per_dataset[r["dataset"]] = {"points": points, "chosen_at_0.95": choose(points, 0.95)}
+    suffix = f"_offset{args.calibration_offset}" if args.calibration_offset else ""
+    out = args.output_dir / f"{args.workload}_stop_curve{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keep = ("run_id", "model", "commit", "date", "machine", "seed", "settings", "command")
+    out.write_text(json.dumps({**{k: meta[k] for k in keep}, "workload": args.workload,
+                               "calibration_offset": args.calibration_offset, "n_problems": args.limit,
+                               "num_branches": args.num_branches, "datasets": per_dataset}, indent=1) + "\n")
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
@@ -259,13 +320,29 @@ def print_table(rows: list[dict]) -> None:
               f"{fmt(r['branch_text_agreement_vs_exact'], '>8.2f')} {fmt(r['evictions'], '>8')}")
 
 
+def print_adaptive(rows: list[dict]) -> None:
+    mine = [r for r in rows if r.get("stop_rule")]
+    if not mine:
+        return
+    head = (f"{'dataset':14} {'rule':9} {'branches':>11} {'tokens x exact':>14} {'saved':>6} {'replay':>6} "
+            f"{'x exact':>12} {'vote agree':>10}")
+    print("\n" + head + "\n" + "-" * len(head))
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for r in mine:
+        print(f"{r['dataset']:14} {r['stop_rule']:9} {r['branches_sampled']:>5}/{r['branches_full']:<5} "
+              f"{fmt(r.get('completion_tokens_vs_exact'), '>14.3f')} {fmt(r.get('token_saving'), '>6.3f')} "
+              f"{fmt(r.get('replay_token_saving'), '>6.3f')} {fmt(r['speedup_vs_exact'], '>12.2f')} "
+              f"{fmt(r['answer_agreement_vs_exact'], '>10.2f')}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    data = {name: split_problems(name, args.shots, args.limit) for name in args.dataset_names}
+    data = {name: split_problems(name, args.shots, args.limit, args.calibration_offset) for name in args.dataset_names}
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
             "machine": machine(),
             "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
             "pool_fraction": args.pool_fraction,  # each row records its own max_total_tokens
+            "calibration_offset": args.calibration_offset,
             "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
     started = time.perf_counter()
     results, meta["mode_order"] = run_all(args, data)
@@ -273,8 +350,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = build_rows(args, results, meta)
     out = args.output_dir / f"{args.workload}.jsonl"
     append_jsonl(out, rows)
+    curve_file = write_curve(args, rows, meta)
     print_table(rows)
+    print_adaptive(rows)
     print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
+    if curve_file:
+        print(f"stop-rule curve (replayed on exact's branches): {curve_file}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from benchmarks.stats import clopper_pearson_upper95, wilson_ci95
 from programs.bon import candidate_tokens, sample_candidates, verify_all
 from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig
+from rksc_sgl.adaptive import StopRule
 from rksc_sgl.cgee import Candidate, CgeeThresholds, VerifyResult
 from rksc_sgl.frontend import TokenCounters
 
@@ -43,7 +44,8 @@ class BonResult:
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
                 modes: dict[str, CgeeThresholds | None] | None = None, chunk: int = 16,
                 exemplars: tuple[Problem, ...] = (), lens: bool = False,
-                repeats: int = 1) -> tuple[list[BonResult], dict[str, float], dict[str, TokenCounters]]:
+                repeats: int = 1, rule: StopRule | None = None
+                ) -> tuple[list[BonResult], dict[str, float], dict[str, TokenCounters]]:
     """Best-of-N on every problem in every mode; also the verification wall time per mode and the
     tokens its verification phases sent (every run of them), apart from candidate generation.
 
@@ -52,7 +54,8 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
 
     Each round's verification phases run ``repeats`` times in alternating mode order (the
     machine is shared: its timings are noisy); a round counts its median per mode. ``lens`` asks
-    the full-depth pass for every layer's lens diagnostics (calibration reads them).
+    the full-depth pass for every layer's lens diagnostics (calibration reads them). ``rule``: a
+    stop rule for the sampling; a vote it decided skips verification in every mode.
     """
     modes = dict(modes) if modes is not None else {"full": None, "cgee": CgeeThresholds.of_server(backend)}
     if modes.get("full", 0) is not None:
@@ -63,13 +66,14 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *,
     verify_tokens = {m: TokenCounters() for m in modes}
     for first in range(0, len(problems), chunk):
         part = problems[first:first + chunk]
-        candidate_sets = sample_candidates(part, config, backend, first_index=first, exemplars=exemplars)
+        candidate_sets = sample_candidates(part, config, backend, first_index=first, exemplars=exemplars, rule=rule)
         by_mode, seconds = {}, {m: [] for m in modes}
         for r in range(repeats):
             for i in range(len(names)):
                 mode = names[(i + r + first // chunk) % len(names)]  # rotate who goes first
                 before = backend.counters_snapshot()
-                verdicts, s = verify_all(backend, candidate_sets, modes[mode], lens=lens and mode == "full")
+                verdicts, s = verify_all(backend, candidate_sets, modes[mode], lens=lens and mode == "full",
+                                         rule=rule)
                 verify_tokens[mode] = verify_tokens[mode] + (backend.counters_snapshot() - before)
                 by_mode.setdefault(mode, verdicts)
                 seconds[mode].append(s)
@@ -100,7 +104,8 @@ def summarize(results: list[BonResult], verify_s: dict[str, float], dataset: str
             "workload": "bon-verify", "dataset": dataset, "mode": mode, "n_problems": n,
             "n_candidates": len(results[0].candidates) if results else 0,
             "accuracy": round(correct / n, 4) if n else None, "accuracy_ci95": wilson_ci95(correct, n),
-            "cgee_skip_rate": round(sum(v.skipped for v in verdicts) / n, 4) if n else None,
+            "cgee_skip_rate": round(sum(v.skip_reason == "cgee" for v in verdicts) / n, 4) if n else None,
+            "vote_skip_rate": round(sum(v.skip_reason == "vote" for v in verdicts) / n, 4) if n else None,
             "cgee_mean_exit_layer": round(statistics.mean(exits), 2) if exits else None,
             "cgee_mean_layers_run": round(statistics.mean(runs), 2) if runs else None,
             "layer_work_vs_full": round(statistics.mean(work), 4) if work and len(work) == n else None,

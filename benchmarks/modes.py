@@ -3,7 +3,9 @@
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
 with LRU); ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock LRU with no
 mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
-mechanism that has landed; the ``*-only`` modes are the ablations. A mode that needs a mechanism
+mechanism that has landed; the ``*-only`` modes are the ablations; ``adaptive`` is ``exact`` plus
+the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
+decides its vote. A mode that needs a mechanism
 which has not landed is refused, naming it.
 """
 
@@ -24,6 +26,7 @@ class Mode:
     mechanisms: frozenset[str] = frozenset()
     disable_radix_cache: bool = False
     backend: str | None = None  # --radix-cache-backend; None: what the mechanisms imply
+    adaptive: bool = False  # sample under the run's stop rule (``BenchSettings.stop_rule``)
 
     def rksc_config(self) -> RkscConfig:
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
@@ -42,6 +45,7 @@ MODES: dict[str, Mode] = {
     "no-cache": Mode("no-cache", disable_radix_cache=True),
     "exact": Mode("exact"),
     "rksc-lru": Mode("rksc-lru", backend=BACKEND_NAME),
+    "adaptive": Mode("adaptive", adaptive=True),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),

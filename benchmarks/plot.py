@@ -5,12 +5,15 @@
 For each results file it takes the latest run (``run_id``) and draws ``<workload>_speedup.png``
 (wall-time speed-up per dataset and mode, against no-cache and against exact) and
 ``<workload>_accuracy.png`` (accuracy per dataset and mode with 95% intervals, and the difference
-to exact).
+to exact). Given a stop-rule curve (``<workload>_stop_curve*.json``, written by the benchmark)
+it draws ``<name>.png``: tokens saved against vote agreement with the full vote, one line per
+rule family and dataset, each point labelled with its threshold.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import matplotlib
@@ -85,15 +88,42 @@ def plot(path: Path, out_dir: Path) -> list[Path]:
     return written
 
 
+def plot_curve(path: Path, out_dir: Path) -> list[Path]:
+    """Tokens saved vs vote agreement of every replayed stop rule (``benchmarks.stop_replay``)."""
+    data = json.loads(Path(path).read_text())
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for dataset, entry in data["datasets"].items():
+        for family, marker in (("esc", "o"), ("beta", "s")):
+            points = [p for p in entry["points"] if p["rule"].startswith(family)]
+            line, = ax.plot([p["token_saving"] for p in points], [p["vote_agreement"] for p in points],
+                            marker=marker, label=f"{dataset} {family}")
+            for p in points:
+                ax.annotate(p["rule"].split(":", 1)[1], (p["token_saving"], p["vote_agreement"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points", color=line.get_color())
+    ax.axhline(0.95, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("completion tokens saved (replayed on exact's branches)")
+    ax.set_ylabel("vote agrees with the full-N vote")
+    offset = f", problems from offset {data['calibration_offset']}" if data.get("calibration_offset") else ""
+    ax.set_title(f"{data['workload']}, N={data['num_branches']}, n={data['n_problems']}/dataset{offset}, "
+                 f"commit {data['commit']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = out_dir / f"{Path(path).stem}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [out]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__.splitlines()[0])
-    p.add_argument("results", nargs="+", type=Path, help="results files (JSON lines)")
+    p.add_argument("results", nargs="+", type=Path, help="results files (JSON lines) or stop-rule curves (.json)")
     p.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: beside each file)")
     args = p.parse_args(argv)
     for path in args.results:
         if not path.is_file():
             p.error(f"results file not found: {path}")
-        for png in plot(path, args.out or path.parent):
+        draw = plot_curve if path.suffix == ".json" else plot
+        for png in draw(path, args.out or path.parent):
             print(png)
 
 

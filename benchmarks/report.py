@@ -1,18 +1,20 @@
 """``python -m benchmarks.report``: the README's results section, generated from a results file.
 
     python -m benchmarks.report benchmarks/results/bon-verify.jsonl [--readme README.md]
+    python -m benchmarks.report benchmarks/results/sc_stop_curve.json [--readme docs/benchmarks-adaptive.md]
 
 Takes the latest run (``run_id``) of the file and prints a Markdown section: the command that
 produced it, commit, date and machine, one table row per (dataset, mode) with every speed-up next
 to its accuracy delta against ``exact``, and a headline per mode (mean speed-ups over the datasets,
 mean accuracy delta, CGEE error pooled over the datasets with its 95% upper bound) beside the
-paper's figures. With ``--readme`` the section replaces the text between
+paper's figures. A stop-rule curve file (``.json``) gives its table instead. With ``--readme`` the section replaces the text between
 ``<!-- results:<workload>:start -->`` and ``<!-- results:<workload>:end -->`` in that file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from pathlib import Path
 
@@ -106,7 +108,51 @@ def section(rows: list[dict]) -> str:
         )
     out += ["", "Per mode, over the datasets:", "", *headline(rows), "", f"The paper reports {PAPER}."]
     out += asks_table(rows)
+    out += adaptive_table(rows)
     return "\n".join(out) + "\n"
+
+
+def adaptive_table(rows: list[dict]) -> list[str]:
+    """The ``adaptive`` mode's columns: what its stop rule sampled and saved, at runtime and in
+    the replay of the same rule on ``exact``'s branches, and its vote against the full-N vote."""
+    mine = [r for r in rows if r.get("stop_rule")]
+    if not mine:
+        return []
+    out = ["", "Adaptive sampling, against `exact` on the same problems and seeds (its full-N vote; "
+           "replay = the rule replayed offline on exact's branches):", "",
+           "| dataset | stop rule | branches sampled / full | completion tokens x exact | tokens saved "
+           "| tokens saved, replay | samples saved (replay) | wall x exact (speed-up) | vote agrees with full N "
+           "| vote agrees, replay | accuracy [95% CI] | verification skipped (vote) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in mine:
+        ci = r.get("accuracy_ci95")
+        acc = f"{r['accuracy']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else _fmt(r["accuracy"], ".2f")
+        samples = f"{_fmt(r.get('sample_saving'), '.1%')} ({_fmt(r.get('replay_sample_saving'), '.1%')})"
+        out.append(
+            f"| {r['dataset']} | `{r['stop_rule']}` | {r['branches_sampled']} / {r['branches_full']} "
+            f"| {_fmt(r.get('completion_tokens_vs_exact'), '.3f')} | {_fmt(r.get('token_saving'), '.1%')} "
+            f"| {_fmt(r.get('replay_token_saving'), '.1%')} | {samples} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
+            f"| {_fmt(r.get('answer_agreement_vs_exact'), '.2f')} | {_fmt(r.get('replay_vote_agreement'), '.2f')} "
+            f"| {acc} | {_fmt(r.get('vote_skip_rate'), '.2f')} |")
+    return out
+
+
+def curve_table(curve: dict) -> str:
+    """A stop-rule curve file (``benchmarks.bench``'s ``*_stop_curve*.json``) as a Markdown table."""
+    offset = curve.get("calibration_offset") or 0
+    out = [f"Replayed on `exact`'s branches: workload `{curve['workload']}`, {curve['n_problems']} problems per "
+           f"dataset from offset {offset}, N = {curve['num_branches']}, commit {curve['commit']}. Produced by:", "",
+           "```bash", curve["command"], "```", "",
+           "| dataset | rule | branches sampled / full | samples saved | tokens saved | vote agrees with full N |",
+           "|---|---|---|---|---|---|"]
+    for dataset, entry in curve["datasets"].items():
+        for p in entry["points"]:
+            out.append(f"| {dataset} | `{p['rule']}` | {p['branches_sampled']} / {p['branches_full']} "
+                       f"| {_fmt(p['sample_saving'], '.1%')} | {_fmt(p['token_saving'], '.1%')} "
+                       f"| {_fmt(p['vote_agreement'], '.2f')} |")
+        chosen = ", ".join(f"{k}: `{v}`" if v else f"{k}: none" for k, v in entry["chosen_at_0.95"].items())
+        out.append(f"\n{dataset}: the most tokens saved at >= 95% vote agreement: {chosen}.\n")
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def asks_table(rows: list[dict]) -> list[str]:
@@ -156,13 +202,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not args.results.is_file():
         p.error(f"results file not found: {args.results}")
-    rows = latest_run(args.results)
-    body = section(rows)
+    if args.results.suffix == ".json":
+        curve = json.loads(args.results.read_text())
+        body, default_name = curve_table(curve), args.results.stem
+    else:
+        rows = latest_run(args.results)
+        body, default_name = section(rows), rows[0]["workload"]
     if args.readme is None:
         print(body, end="")
         return
     try:
-        name = args.section or rows[0]["workload"]
+        name = args.section or default_name
         args.readme.write_text(replace_between_markers(args.readme.read_text(), name, body))
     except ValueError as e:
         p.error(f"--readme {args.readme}: {e}")

@@ -59,8 +59,9 @@ def agreement(answers: list[str | None], reference: list[str | None]) -> float |
 
 
 def branch_agreement(branches: list[list], reference: list[list]) -> float | None:
-    """Fraction of (problem, branch) positions where two runs agree; None if shapes differ."""
-    if not reference or len(branches) != len(reference) or any(len(a) != len(b) for a, b in zip(branches, reference)):
+    """Fraction of (problem, branch) positions where two runs agree, over the branches the first
+    run has (an early-stopped run's are the first of the reference's); None if shapes differ."""
+    if not reference or len(branches) != len(reference) or any(len(a) > len(b) for a, b in zip(branches, reference)):
         return None
     pairs = [(a, b) for xs, ys in zip(branches, reference) for a, b in zip(xs, ys)]
     return round(sum(a == b for a, b in pairs) / len(pairs), 4) if pairs else None

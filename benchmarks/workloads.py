@@ -14,6 +14,7 @@ from typing import Any, Callable
 from benchmarks.modes import Mode
 from programs.datasets import Problem
 from programs.sampling import SamplingConfig
+from rksc_sgl.adaptive import StopRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,9 +30,15 @@ class BenchSettings(SamplingConfig):
     # CGEE modes: thresholds from this calibrate_cgee file (per dataset where it has them);
     # None: RkscConfig's (pooled) defaults.
     cgee_thresholds: str | None = None
+    # The ``adaptive`` mode's stop rule (``rksc_sgl.adaptive.StopRule.parse`` syntax).
+    stop_rule: str = "esc:3"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        try:
+            StopRule.parse(self.stop_rule)
+        except ValueError as e:
+            raise ValueError(f"--stop-rule: {e}") from e
         if self.cgee_thresholds is not None:
             from rksc_sgl.cgee import CgeeThresholds
 
@@ -54,6 +61,7 @@ class WorkloadRun:
     # modes can be compared branch by branch, not only by their majority answers.
     branch_answers: list[list[str | None]] = dataclasses.field(default_factory=list)
     branch_digests: list[list[str]] = dataclasses.field(default_factory=list)
+    branch_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # completion tokens per branch
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
     # verifier that CGEE error is measured against); subtracted from the mode's wall time, and the
@@ -73,14 +81,20 @@ def digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+def stop_rule(mode: Mode, settings: BenchSettings) -> StopRule | None:
+    """The stop rule the mode samples under: the run's for ``adaptive``, else none."""
+    return StopRule.parse(settings.stop_rule) if mode.adaptive else None
+
+
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
     from programs.sc import solve_batch
 
     results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse,
-                          num_threads=settings.max_concurrency)
+                          num_threads=settings.max_concurrency, rule=stop_rule(mode, settings))
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [[b.answer for b in r.branches] for r in results],
-                       [[digest(b.text) for b in r.branches] for r in results])
+                       [[digest(b.text) for b in r.branches] for r in results],
+                       branch_tokens=[[len(b.token_logprobs) for b in r.branches] for r in results])
 
 
 def _run_diverse_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
@@ -108,14 +122,17 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
                   else CgeeThresholds.of_server(backend))
     verify_modes = {"full": None, "cgee": thresholds} if mode.cgee else {"full": None}
     results, verify_s, verify_tokens = solve_batch(problems, settings, backend, modes=verify_modes,
-                                                   exemplars=exemplars, chunk=settings.max_concurrency or 16)
+                                                   exemplars=exemplars, chunk=settings.max_concurrency or 16,
+                                                   rule=stop_rule(mode, settings))
     used = list(verify_modes)[-1]
     # The verification phase's own tokens (the mode's verifier: CGEE's, or full depth's).
     stats = {"verify_prefill_tokens": verify_tokens[used].prefill_tokens,
-             "verify_requests": verify_tokens[used].requests}
+             "verify_requests": verify_tokens[used].requests,
+             "vote_skip_rate": round(sum(r.verdicts[used].skip_reason == "vote" for r in results) / len(results), 4)
+             if mode.adaptive and results else None}
     if mode.cgee:
         row = next(r for r in summarize(results, verify_s, "") if r["mode"] == "cgee")
-        stats = {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_errors",
+        stats |= {k: row[k] for k in ("cgee_skip_rate", "cgee_mean_exit_layer", "cgee_error", "cgee_errors",
                                      "cgee_error_ub95")}
         # Verification phase alone, CGEE against full depth on the same candidates, same engine.
         stats["cgee_verify_time_ratio"] = row["verify_time_ratio_vs_full"]
@@ -123,6 +140,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results],
                        [[c.answer for c in r.candidates] for r in results],
                        [[digest(c.context) for c in r.candidates] for r in results], stats,
+                       branch_tokens=[[len(c.token_logprobs) for c in r.candidates] for r in results],
                        reference_s=verify_s["full"] if mode.cgee else 0.0,
                        reference_tokens=verify_tokens["full"] if mode.cgee else None)
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+from collections.abc import Callable
 
 import sglang as sgl
 
 from programs.datasets import Problem, extract_answer, format_question
 from programs.sampling import SamplingConfig
+from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.frontend import branch_options
+from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
@@ -79,34 +82,32 @@ def branch_seed(seed: int, problem_index: int, branch: int, step: int = 0) -> in
 
 @sgl.function
 def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int],
-               openers: list[str] | None = None):
+               openers: list[str] | None = None, rule: StopRule | None = None,
+               answer_of: Callable[[str], str | None] | None = None):
+    """Branch ``b`` samples with ``seeds[b]``; with a stop ``rule``, branches run in rounds until the
+    rule is decided on ``answer_of(solution)`` of the branches so far."""
     s += sgl.system(SYSTEM_PROMPT)
     s += sgl.user(prompt)
-    forks = s.fork(num_branches)
-    for f, seed, opener in zip(forks, seeds, openers or [""] * num_branches):
-        branch_options(f, sampling_seed=seed)
+
+    def branch(f, b: int):
+        branch_options(f, sampling_seed=seeds[b])
         gen = sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
-        if opener:
+        if openers:
             f += sgl.assistant_begin()
-            f += opener + "\n"
+            f += openers[b] + "\n"
             f += gen
             f += sgl.assistant_end()
         else:
             f += sgl.assistant(gen)
+
+    forks = adaptive_fork(s, num_branches, rule, branch, lambda f: answer_of(f["solution"]) if answer_of else None)
     # Per branch: its whole text (the verifier's context), the solution, its token log-probabilities.
-    out = [(f.text(), f["solution"], token_logprobs(f, "solution")) for f in forks]
-    forks.join()  # ends the forks' worker threads (returning fork states would leave them alive)
-    return out
+    return [(f.text(), f["solution"], token_logprobs(f, "solution")) for f in forks]
 
 
 def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]]:
-    """The most frequent non-empty answer; ties go to the answer seen first."""
-    votes = collections.Counter(a for a in answers if a is not None)
-    if not votes:
-        return None, {}
-    best = max(votes.values())
-    winner = next(a for a in answers if a is not None and votes[a] == best)
-    return winner, dict(votes)
+    """The most frequent non-empty answer (ties go to the answer seen first) and the votes."""
+    return leader(answers), dict(collections.Counter(a for a in answers if a is not None))
 
 
 def branch_openers(num_branches: int) -> list[str]:
@@ -116,14 +117,16 @@ def branch_openers(num_branches: int) -> list[str]:
 
 def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                  exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, rule: StopRule | None = None):
     """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its
-    branches' ``(context, solution, token log-probabilities)``. Problem ``i`` samples with the seeds of index ``first_index + i``."""
+    finished branches' ``(context, solution, token log-probabilities)`` (``rule`` None: all
+    ``config.num_branches``). Problem ``i`` samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
              seeds=[branch_seed(config.seed, first_index + i, b) for b in range(config.num_branches)],
-             openers=branch_openers(config.num_branches) if diverse else None)
+             openers=branch_openers(config.num_branches) if diverse else None,
+             rule=rule, answer_of=lambda text, p=p: extract_answer(p, text))
         for i, p in enumerate(problems)
     ]
     states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=num_threads or len(problems) or 1)
@@ -132,13 +135,14 @@ def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, fi
 
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
                 exemplars: tuple[Problem, ...] = (), diverse: bool = False,
-                num_threads: int | None = None) -> list[VoteResult]:
+                num_threads: int | None = None, rule: StopRule | None = None) -> list[VoteResult]:
     """Run self-consistency on every problem (``num_threads`` at a time, default all, through the
-    given frontend backend); ``diverse``: each branch starts its answer with its own opener."""
+    given frontend backend); ``diverse``: each branch starts its answer with its own opener;
+    ``rule``: stop sampling a problem's branches once its vote is decided."""
     results = []
     for problem, branches_out in zip(problems, run_branches(problems, config, backend, exemplars=exemplars,
                                                              diverse=diverse, progress_bar=progress_bar,
-                                                             num_threads=num_threads)):
+                                                             num_threads=num_threads, rule=rule)):
         branches = tuple(Branch(text, extract_answer(problem, text), lps) for _, text, lps in branches_out)
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))

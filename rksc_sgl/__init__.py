@@ -25,6 +25,9 @@ _EXPORTS = {
     "CgeeThresholds": "rksc_sgl.cgee",
     "token_logprobs": "rksc_sgl.cgee",
     "verify": "rksc_sgl.cgee",
+    # Adaptive sampling: fork until a stop rule decides the vote.
+    "adaptive_fork": "rksc_sgl.adaptive",
+    "StopRule": "rksc_sgl.adaptive",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,6 +12,10 @@ through the backend's own transport (``frontend.send_generate``), so ``RkscEngin
 Level 2 (in the runtime, ``radix_ext.early_exit``): the request carries ``rksc_early_exit``
 options and the forward stops at the first layer whose logit-lens entropy is low and stable.
 
+A program whose stop rule already decided the vote over its candidates (``rksc_sgl.adaptive``)
+passes ``vote_decided=True``: the vote's leader is accepted without verification, in either
+mode, reported as ``skip_reason="vote"`` beside CGEE's ``"cgee"``.
+
 Modes: ``"cgee"`` (both levels), ``"full"`` (every candidate verified at full depth; with
 ``lens=True`` the runtime also reports every layer's lens entropy and Yes/No log-probabilities,
 which calibration replays the exit rule on). Verification requests are never inserted into the
@@ -20,6 +24,7 @@ radix tree, in either mode, so the two can be timed against each other in one ru
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -100,7 +105,7 @@ class VerifyResult:
     mode: str
     winner: int  # index of the chosen candidate
     answer: Hashable | None
-    skipped: bool  # level 1 accepted the winner without verification
+    skipped: bool  # the winner was accepted without verification (why: ``skip_reason``)
     confidences: tuple[float, ...]  # per candidate: exp(mean token logprob)
     skip: SkipDecision
     scores: tuple[float, ...] | None = None  # per candidate P(Yes); None when skipped
@@ -109,6 +114,7 @@ class VerifyResult:
     lens_scores: tuple[tuple[float | None, ...] | None, ...] | None = None  # per candidate, per layer P(Yes)
     layers_run: tuple[int | None, ...] | None = None  # per candidate: layers its forward batch ran
     verify_time_s: float = 0.0  # wall time of the verification request (0 when skipped)
+    skip_reason: str | None = None  # "cgee" (level 1 was confident) or "vote" (the stop rule decided)
 
     @property
     def decision(self) -> Hashable:
@@ -159,13 +165,19 @@ def _level1(candidates: Sequence[Candidate], thresholds: CgeeThresholds):
     return confidences, decision
 
 
+def _most_confident(candidates: Sequence[Candidate], answer: Hashable | None, confidences: Sequence[float]) -> int:
+    return max((i for i, c in enumerate(candidates) if c.answer == answer), key=lambda i: confidences[i])
+
+
 def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
-           thresholds: CgeeThresholds | None = None, lens: bool = False) -> VerifyResult:
+           thresholds: CgeeThresholds | None = None, lens: bool = False, vote_decided: bool = False) -> VerifyResult:
     """Choose the winner among ``candidates`` (see the module docstring for the modes).
 
     ``thresholds`` default to the server's (its ``--cgee-*`` flags, ``CgeeThresholds.of_server``);
     a program passes its own to override them (``CgeeThresholds.load`` reads a calibration file).
     ``lens`` (mode "full") asks for every layer's lens diagnostics.
+    ``vote_decided``: the program's stop rule decided the vote; its leader (the most frequent
+    answer, ties to the first seen) wins unverified, through its most confident candidate.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -173,10 +185,14 @@ def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
         raise ValueError("verify needs at least one candidate")
     thresholds = thresholds or CgeeThresholds.of_server(backend)
     confidences, decision = _level1(candidates, thresholds)
+    votes = collections.Counter(c.answer for c in candidates if c.answer is not None)
+    if vote_decided and votes:
+        leader = next(c.answer for c in candidates if votes.get(c.answer) == max(votes.values()))
+        winner = _most_confident(candidates, leader, confidences)
+        return VerifyResult(mode, winner, leader, True, confidences, decision, skip_reason="vote")
     if mode == "cgee" and decision.skip:
-        winner = max((i for i, c in enumerate(candidates) if c.answer == decision.winner),
-                     key=lambda i: confidences[i])
-        return VerifyResult(mode, winner, candidates[winner].answer, True, confidences, decision)
+        winner = _most_confident(candidates, decision.winner, confidences)
+        return VerifyResult(mode, winner, candidates[winner].answer, True, confidences, decision, skip_reason="cgee")
 
     yes_ids, no_ids = verdict_token_ids(backend)
     verdict_ids = yes_ids + no_ids

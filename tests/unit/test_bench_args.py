@@ -158,3 +158,26 @@ def test_token_counters_subtract_a_phase_field_by_field():
     own = total - reference
     assert own == TokenCounters(6, 700, 350, 46) and own.prefill_tokens == 350
     assert own + reference == total
+
+
+def test_stop_rule_is_checked_at_start_naming_the_flag_and_adaptive_needs_a_voting_workload(capsys):
+    assert parse_args(["--modes", "exact,adaptive", "--stop-rule", "beta:0.9"]).settings.stop_rule == "beta:0.9"
+    (adaptive,) = resolve_modes("adaptive")
+    assert adaptive.adaptive and not adaptive.mechanisms and adaptive.engine_overrides() == {}
+    for argv, message in ((["--stop-rule", "esc:1"], "--stop-rule"), (["--stop-rule", "beta:2"], "--stop-rule"),
+                          (["--modes", "adaptive", "--workload", "tot"], "adaptive runs only"),
+                          (["--calibration-offset", "-1"], "--calibration-offset")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
+    assert parse_args(["--modes", "adaptive", "--workload", "bon-verify"]).mode_objs == [adaptive]
+
+
+def test_calibration_offset_evaluates_the_problems_after_a_reported_runs():
+    from benchmarks.bench import split_problems
+
+    exemplars, reported = split_problems("arc-challenge", 3, 4)
+    same_exemplars, held_apart = split_problems("arc-challenge", 3, 4, offset=4)
+    assert exemplars == same_exemplars
+    assert not {p.id for p in reported} & {p.id for p in held_apart}
+    assert len(held_apart) == 4

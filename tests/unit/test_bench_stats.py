@@ -65,3 +65,25 @@ def test_repeats_token_counters_are_summed_field_by_field():
         cached_tokens: int
 
     assert sum_counters([Counters(10, 4), Counters(7, 7)]) == Counters(17, 11)
+
+
+def test_adaptive_rows_set_the_runtime_saving_beside_the_replay_of_the_same_rule_on_exacts_branches():
+    import argparse
+
+    from benchmarks.bench import adaptive_columns
+    from benchmarks.modes import MODES
+    from benchmarks.workloads import WorkloadRun
+    from rksc_sgl.frontend import TokenCounters
+
+    full = WorkloadRun(["A", "B"], [True, False], [["A"] * 3 + ["B"] * 3, ["A", "B", "C", "B", "B", "B"]],
+                       branch_tokens=[[10] * 6, [20] * 6])
+    early = WorkloadRun(["A", "B"], [True, False], [["A"] * 3, ["A", "B", "C", "B", "B", "B"]])
+    exact = {"run": full, "counters": [TokenCounters(completion_tokens=180)]}
+    args = argparse.Namespace(num_branches=6, stop_rule="esc:3")
+    row = adaptive_columns(MODES["adaptive"], args, early, TokenCounters(completion_tokens=150), {"exact": exact})
+    assert (row["branches_sampled"], row["branches_full"], row["stop_rule"]) == (9, 12, "esc:3")
+    assert row["sample_saving"] == row["replay_sample_saving"] == 0.25
+    assert row["token_saving"] == row["replay_token_saving"] == round(1 - 150 / 180, 4)
+    assert row["completion_tokens_vs_exact"] == round(150 / 180, 3) and row["replay_vote_agreement"] == 1.0
+    exact_row = adaptive_columns(MODES["exact"], args, full, TokenCounters(completion_tokens=180), {"exact": exact})
+    assert exact_row == {"stop_rule": None, "branches_sampled": 12, "branches_full": 12}

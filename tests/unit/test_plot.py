@@ -36,3 +36,15 @@ def test_a_run_without_no_cache_draws_no_empty_panel(tmp_path):
     results = tmp_path / "capped.jsonl"
     results.write_text("\n".join(json.dumps(r) for r in capped) + "\n")
     assert all(p.stat().st_size > 10_000 for p in plot(results, tmp_path))
+
+
+def test_the_stop_rule_curve_is_drawn_from_its_json_file(tmp_path):
+    from benchmarks.plot import plot_curve
+
+    points = [{"rule": r, "token_saving": s, "vote_agreement": a}
+              for r, s, a in (("esc:2", 0.5, 0.9), ("esc:3", 0.3, 0.97), ("beta:0.9", 0.4, 0.95))]
+    path = tmp_path / "sc_stop_curve.json"
+    path.write_text(json.dumps({"workload": "sc", "num_branches": 16, "n_problems": 20, "commit": "abc",
+                                "datasets": {"arc-challenge": {"points": points}}}))
+    (png,) = plot_curve(path, tmp_path)
+    assert png.name == "sc_stop_curve.png" and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000

@@ -79,3 +79,25 @@ def test_asks_table_reports_prefill_against_exact_and_the_output_measures():
     assert "| gsm8k | asks-only | 7 | 0.25 | 2800 |" in text
     assert "0.410 | 0.390 | 0.120 | 0.300 | 0.000 (48 of 64) | 1.00 |" in text  # 1.6 s of a 160 s wall
     assert "ASKS" not in section(base)
+
+
+def test_adaptive_table_sets_the_runtime_saving_beside_the_replay_and_the_curve_has_its_table():
+    from benchmarks.report import adaptive_table, curve_table
+
+    row = {"dataset": "arc-challenge", "mode": "adaptive", "stop_rule": "esc:3", "branches_sampled": 200,
+           "branches_full": 320, "completion_tokens_vs_exact": 0.62, "token_saving": 0.38, "replay_token_saving": 0.36,
+           "sample_saving": 0.375, "replay_sample_saving": 0.35, "speedup_vs_exact": 1.4,
+           "answer_agreement_vs_exact": 0.95, "replay_vote_agreement": 0.95, "accuracy": 0.3,
+           "accuracy_ci95": [0.15, 0.5], "vote_skip_rate": None}
+    (*_, line) = adaptive_table([{"mode": "exact", "dataset": "arc-challenge"}, row])
+    assert line.startswith("| arc-challenge | `esc:3` | 200 / 320 | 0.620 | 38.0% | 36.0% | 37.5% (35.0%) | 1.40 |")
+    assert adaptive_table([{"mode": "exact"}]) == []
+    curve = {"workload": "sc", "n_problems": 20, "calibration_offset": 20, "num_branches": 16, "commit": "abc",
+             "command": "python -m benchmarks.bench --calibration-offset 20",
+             "datasets": {"arc-challenge": {"points": [{"rule": "esc:3", "branches_sampled": 250, "branches_full": 320,
+                                                        "sample_saving": 0.22, "token_saving": 0.2,
+                                                        "vote_agreement": 0.95}],
+                                            "chosen_at_0.95": {"esc": "esc:3", "beta": None}}}}
+    text = curve_table(curve)
+    assert "| arc-challenge | `esc:3` | 250 / 320 | 22.0% | 20.0% | 0.95 |" in text
+    assert "esc: `esc:3`, beta: none" in text and "--calibration-offset 20" in text

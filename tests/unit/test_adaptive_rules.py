@@ -1,0 +1,79 @@
+"""``StopRule`` on simulated vote sequences: rounds, where a replay stops, what it never looks at, parsing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rksc_sgl.adaptive import StopRule, leader, replay
+
+
+class TestDecided:
+    """``StopRule.decided`` applies ``rksc_sgl.stop_rules``'s decisions to branches 0..k-1."""
+
+    def test_esc_needs_a_complete_window_by_index_with_one_answer(self):
+        esc = StopRule.parse("esc:3")
+        assert esc.decided(["A", "B", "C", "B", "B", "B"])
+        assert not esc.decided(["A", "B", "B", "B", "C", "D"])  # B B B straddles two windows
+        assert not esc.decided(["A", "A"]) and not esc.decided([None, None, None])
+
+    def test_beta_decides_at_its_confidence_after_its_round(self):
+        # a = 3, b = 0: P(Beta(4, 1) > 1/2) = 15/16 >= 0.9; a = 2: 7/8 < 0.9.
+        assert StopRule.parse("beta:0.9:1").decided(["A", "A", "A"])
+        assert not StopRule.parse("beta:0.9:1").decided(["A", "A", None])
+        assert not StopRule.parse("beta:0.9:4").decided(["A", "A", "A"])  # min_samples = window = 4
+        assert not StopRule.parse("beta:0.95:1").decided(["A", "A", "A"])
+
+    def test_none_never_decides(self):
+        assert not StopRule.parse("none").decided(["A"] * 16)
+
+
+class TestReplay:
+    def test_stops_after_the_first_decided_round(self):
+        assert replay(StopRule.parse("esc:3"), ["A", "B", "A", "C", "C", "C", "A", "A", "A"]) == 6
+        assert replay(StopRule.parse("esc:3"), ["A", "B"] * 4) == 8  # never decided: every branch
+        assert replay(StopRule.parse("none"), ["A"] * 8) == 8
+        assert replay(StopRule.parse("beta:0.9:1"), ["A"] * 8) == 3
+
+    def test_the_last_round_may_be_partial(self):
+        assert [len(r) for r in StopRule.parse("esc:3").rounds(8)] == [3, 3, 2]
+        assert [len(r) for r in StopRule.parse("none").rounds(8)] == [8]
+
+    @pytest.mark.parametrize("spec", ["esc:2", "esc:3", "esc:5", "beta:0.6", "beta:0.9", "beta:0.99:1", "beta:0.8:3"])
+    def test_never_looks_at_a_branch_beyond_those_sampled(self, spec):
+        """Whatever the answers after the stop point, the rule stops at the same branch, and it
+        is shown only the branches of completed rounds."""
+        rule, rng = StopRule.parse(spec), random.Random(spec)
+        for _ in range(200):
+            answers = [rng.choice(["A", "A", "B", "C", None]) for _ in range(16)]
+            stop = replay(rule, answers)
+            changed = answers[:stop] + [rng.choice(["A", "B", "D", None]) for _ in range(16 - stop)]
+            assert replay(rule, changed) == stop
+            seen = []
+            probe = StopRule(rule.name, rule.window, rule.confidence, rule.min_samples)
+            object.__setattr__(probe, "decided", lambda a: seen.append(len(a)) or rule.decided(a))
+            replay(probe, answers)
+            assert max(seen) == stop and all(n in {r.stop for r in rule.rounds(16)} for n in seen)
+
+
+def test_leader_is_the_most_frequent_answer_ties_to_the_first_seen():
+    assert leader(["B", "A", "A", "B", None]) == "B"
+    assert leader([None]) is None
+
+
+class TestParse:
+    def test_specs_round_trip(self):
+        for spec in ("none", "esc:3", "beta:0.9", "beta:0.95:1"):
+            assert StopRule.parse(spec).spec == spec
+        rule = StopRule.parse("beta:0.9")
+        assert (rule.window, rule.min_samples, rule.confidence) == (2, 2, 0.9)
+
+    @pytest.mark.parametrize("spec, message", [
+        ("esc", "expected none"), ("esc:1", "window must be >= 2, got 1"), ("esc:x", "not a number"),
+        ("beta:1.2", "confidence must be in (0.5, 1), got 1.2"), ("beta:0.9:0", "window must be >= 1, got 0"),
+        ("adaptive:3", "unknown rule 'adaptive'"), ("none:3", "expected none"),
+    ])
+    def test_bad_specs_name_the_bad_value(self, spec, message):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            StopRule.parse(spec)

@@ -183,7 +183,8 @@ def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not candidates:
         raise ValueError("verify needs at least one candidate")
-    thresholds = thresholds or CgeeThresholds.of_server(backend)
+    if thresholds is None:  # no backend: a decided vote, whose level-1 decision is only reported
+        thresholds = CgeeThresholds.from_config() if backend is None else CgeeThresholds.of_server(backend)
     confidences, decision = _level1(candidates, thresholds)
     votes = collections.Counter(c.answer for c in candidates if c.answer is not None)
     if vote_decided and votes:

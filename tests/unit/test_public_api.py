@@ -11,8 +11,9 @@ import pytest
 
 import rksc_sgl
 
-CLASSES = ("RkscConfig", "RkscEndpoint", "RkscEngineEndpoint", "Candidate", "CgeeThresholds")
-FUNCTIONS = ("launch_engine", "default_model_path", "branch_options", "report_score", "verify", "token_logprobs")
+CLASSES = ("RkscConfig", "RkscEndpoint", "RkscEngineEndpoint", "Candidate", "CgeeThresholds", "StopRule")
+FUNCTIONS = ("launch_engine", "default_model_path", "branch_options", "report_score", "verify", "token_logprobs",
+             "adaptive_fork")
 
 
 def test_the_exports_are_exactly_these_classes_and_functions():

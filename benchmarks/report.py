@@ -1,14 +1,17 @@
-"""``python -m benchmarks.report``: the README's results section, generated from a results file.
+"""``python -m benchmarks.report``: the results sections of the docs, generated from results files.
 
-    python -m benchmarks.report benchmarks/results/bon-verify.jsonl [--readme README.md]
+    python -m benchmarks.report benchmarks/results/bon-verify.jsonl [--readme FILE --section NAME]
     python -m benchmarks.report benchmarks/results/sc_stop_curve.json [--readme docs/benchmarks-adaptive.md]
+    python -m benchmarks.report --all     # README.md's summary table and every table of docs/benchmarks.md
 
 Takes the latest run (``run_id``) of the file and prints a Markdown section: the command that
 produced it, commit, date and machine, one table row per (dataset, mode) with every speed-up next
 to its accuracy delta against ``exact``, and a headline per mode (mean speed-ups over the datasets,
-mean accuracy delta, CGEE error pooled over the datasets with its 95% upper bound) beside the
-paper's figures. A stop-rule curve file (``.json``) gives its table instead. With ``--readme`` the section replaces the text between
+mean accuracy delta, CGEE error pooled over the datasets with its 95% upper bound) when the run
+covers several datasets. A stop-rule curve file (``.json``) gives its table instead. With
+``--readme`` the section replaces the text between
 ``<!-- results:<workload>:start -->`` and ``<!-- results:<workload>:end -->`` in that file.
+``--all`` rewrites every generated block (``generated_blocks``) from the committed results files.
 """
 
 from __future__ import annotations
@@ -18,11 +21,9 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks import tables
 from benchmarks.stats import clopper_pearson_upper95
 from benchmarks.records import latest_run
-
-PAPER = "3.0x mean speed-up over no-cache, 1.66x over exact prefix caching, CGEE error 0.37% (6/1,616)"
-
 
 def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
@@ -106,7 +107,8 @@ def section(rows: list[dict]) -> str:
             f"| {_fmt(r.get('cgee_verify_time_ratio'), '.2f')} | {err} "
             f"| {_fmt(r['evictions'], 'd')} |"
         )
-    out += ["", "Per mode, over the datasets:", "", *headline(rows), "", f"The paper reports {PAPER}."]
+    if len({r["dataset"] for r in rows}) > 1:  # with one dataset the rows say it all
+        out += ["", "Per mode, over the datasets:", "", *headline(rows)]
     out += asks_table(rows)
     out += adaptive_table(rows)
     return "\n".join(out) + "\n"
@@ -193,13 +195,65 @@ def replace_between_markers(text: str, workload: str, body: str) -> str:
     return f"{head}{start}\n{body}{end}{tail}"
 
 
+ROOT = tables.RESULTS.parent.parent
+# docs/benchmarks.md's marker name -> the results file of its table, and how it is drawn.
+DOC_SECTIONS = {
+    "speed": ("speed.jsonl", tables.speed_section),
+    "bon-verify": ("bon-verify.jsonl", None),
+    "bon-verify-capped": ("capped/bon-verify.jsonl", None),
+    "cgee-per-dataset": ("cgee/bon-verify.jsonl", None),
+    "paraphrase-sc": ("paraphrase-sc.jsonl", None),
+    "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
+    "tot": ("tot.jsonl", None),
+    "load": ("load.jsonl", tables.load_section),
+    "scaleout": ("scaleout.jsonl", tables.scaleout_section),
+}
+
+
+def generated_blocks(root: Path = ROOT) -> dict[Path, dict[str, str]]:
+    """Every generated block: file -> marker name -> its text, from the results under ``root``."""
+    results = root / "benchmarks" / "results"
+    docs = {name: (draw or (lambda path: section(latest_run(path))))(results / file)
+            for name, (file, draw) in DOC_SECTIONS.items()}
+    return {root / "README.md": {"summary": tables.summary(results)}, root / "docs" / "benchmarks.md": docs}
+
+
+def block(text: str, name: str) -> str:
+    """The text between a marker pair (what ``replace_between_markers`` writes there)."""
+    start, end = f"<!-- results:{name}:start -->", f"<!-- results:{name}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"markers {start} ... {end} not found")
+    return text.split(start, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
+def write_all(root: Path = ROOT) -> None:
+    for path, blocks in generated_blocks(root).items():
+        text = path.read_text()
+        for name, body in blocks.items():
+            text = replace_between_markers(text, name, body)
+        path.write_text(text)
+        print(f"wrote {', '.join(blocks)} in {path.relative_to(root)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, help="a results file of benchmarks.bench (JSON lines)")
+    p.add_argument("results", type=Path, nargs="?", help="a results file of benchmarks.bench (JSON lines)")
     p.add_argument("--readme", type=Path, default=None, help="write the section into this file between its markers")
     p.add_argument("--section", default=None,
                    help="marker name: <!-- results:SECTION:start --> (default: the run's workload)")
+    p.add_argument("--all", action="store_true",
+                   help="rewrite README.md's summary and every table of docs/benchmarks.md from benchmarks/results/")
     args = p.parse_args(argv)
+    if args.all:
+        if args.results or args.readme:
+            p.error("--all takes no results file and no --readme")
+        try:
+            write_all()
+        except ValueError as e:
+            p.error(f"--all: {e}")
+        return
+    if args.results is None:
+        p.error("give a results file, or --all")
     if not args.results.is_file():
         p.error(f"results file not found: {args.results}")
     if args.results.suffix == ".json":

@@ -1,106 +1,197 @@
-"""``make demo``: self-consistency on a few GSM8K problems, in-process on the CPU, with SGLang's
-radix cache off and then on: the same seeded branches, so the same answers, and how much faster.
+"""``make demo``: stock SGLang and rksc side by side, on workloads where a mechanism acts.
 
-Starts the SGLang engine with the default model twice (cache off, cache on), runs N-branch
-self-consistency through the frontend language (``programs.sc``) with the same per-branch seeds,
-and prints each problem's branch answers and vote in both runs, whether every branch drew the
-same text, the speed-up and the tokens the cache served, then where to go next.
+Two in-process engines with the same model and KV pool, run one after the other on the same
+problems and seeds: ``exact`` (stock SGLang's radix cache, LRU) and ``rksc`` (ASKS and RSBCM on).
+Each runs
+
+* paraphrase self-consistency (``programs.paraphrase_sc``): every branch opens with its own
+  wording of the system message, so exact caching recomputes each branch's prompt; ASKS lets a
+  branch adopt branch 0's wording when the gate finds the two alike, and reports each substitution;
+* tree of thoughts (``programs.tot``) with the pool smaller than the tree, branch scores reported:
+  RSBCM evicts deep, low-scoring thoughts first, LRU whatever is oldest;
+
+then, on the ``rksc`` engine, best-of-N with the verifier (``benchmarks.bon_verify``): the same
+candidates verified at full depth and with CGEE (skip when confidently ahead, early exit), and
+CGEE's decisions compared with full depth's. Every speed-up is printed beside its agreement or
+accuracy delta.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import time
 import warnings
 
-from programs.datasets import DATASETS, load
 from programs.sampling import SamplingConfig
 
+SC_SHOTS = 3  # solved exemplars after each paraphrase: the prompt tail ASKS lets branches share
 NEXT_STEPS = """\
 next:
-  python -m rksc_sgl.launch_server --port 30000 --rsbcm    # the same runtime as an HTTP server (OpenAI API too)
-  python -m benchmarks.bench --workload bon-verify --limit 5 --modes no-cache,exact,rksc   # a small paper table
-  README.md "Using it" (write @sgl.function programs); docs/architecture.md (where each mechanism lives)"""
+  python -m rksc_sgl.launch_server --port 30000 --rsbcm --asks   # the same runtime as an HTTP server
+  python -m benchmarks.bench --workload paraphrase-sc --limit 5 --modes exact,asks-only   # a small benchmark
+  docs/benchmarks.md (every measurement and its command); docs/mechanisms.md (what each mechanism asks of a program)"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    d = SamplingConfig()
     p = argparse.ArgumentParser(prog="python -m programs.demo", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default="gsm8k", choices=DATASETS)
-    p.add_argument("--limit", type=int, default=4, help="number of problems (default: %(default)s)")
-    p.add_argument("--num-branches", type=int, default=d.num_branches, help="(default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="run seed of every branch's sampling seed")
+    p.add_argument("--sc-problems", type=int, default=2, help="paraphrase self-consistency problems (default: %(default)s)")
+    p.add_argument("--branches", type=int, default=4, help="branches per paraphrase problem (default: %(default)s)")
+    p.add_argument("--tot-problems", type=int, default=6, help="tree-of-thoughts problems (default: %(default)s)")
+    p.add_argument("--bon-problems", type=int, default=8, help="best-of-N problems, MMLU-STEM (default: %(default)s)")
+    p.add_argument("--max-total-tokens", type=int, default=1100,
+                   help="KV pool of both engines, in tokens: smaller than the trees (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="run seed of every branch's sampling seed")
     p.add_argument("--model-path", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--verbose", action="store_true", help="keep SGLang's and third-party warnings")
     args = p.parse_args(argv)
-    if args.limit < 1:
-        p.error(f"--limit must be >= 1, got {args.limit}")
-    try:
-        args.config = SamplingConfig(args.num_branches, args.max_new_tokens, args.temperature, args.seed)
-    except ValueError as e:
-        p.error(str(e))
+    for flag in ("sc_problems", "branches", "tot_problems", "bon_problems"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.branches < 2:
+        p.error(f"--branches must be >= 2 (branch 0 is the others' donor), got {args.branches}")
+    if args.max_total_tokens < 1024:
+        p.error(f"--max-total-tokens must be >= 1024 (a branch's prompt, the tree's shared part and the "
+                f"warm-up), got {args.max_total_tokens}")
     return args
 
 
 def quiet_third_parties() -> None:
     """Hide warnings that say nothing to a demo's reader (CUDA-only quantisation notes, Triton on
     CPU, asyncio's "Task was destroyed" at exit), here and in the engine's spawned processes
-    (which inherit ``PYTHONWARNINGS``). Our own code is not touched. SGLang's one-line
-    weight-loading bar still prints: its scheduler writes it to the terminal itself."""
+    (which inherit ``PYTHONWARNINGS``). SGLang's one-line weight-loading bar still prints."""
     warnings.filterwarnings("ignore")
     os.environ["PYTHONWARNINGS"] = "ignore"
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
-def run_once(problems, args, *, cache: bool):
-    """Start an engine (radix cache on or off), run self-consistency, shut it down."""
-    from programs.sc import solve_batch
+@dataclasses.dataclass
+class Timed:
+    results: list
+    wall_s: float
+    prefill_tokens: int
+
+
+def timed(backend, run) -> Timed:
+    """``run()`` from an empty cache, with its wall time and the prompt tokens it computed."""
+    backend.flush_cache()
+    backend.reset_counters()
+    start = time.perf_counter()
+    results = run()
+    wall_s = time.perf_counter() - start
+    return Timed(results, wall_s, backend.reset_counters().prefill_tokens)
+
+
+def run_engine(name: str, rksc, workloads: dict, args) -> dict[str, object]:
+    """Start one engine, run every workload on it in turn, shut it down."""
     from rksc_sgl.engine import launch_engine
     from rksc_sgl.frontend import EngineBackend
 
-    t0 = time.perf_counter()
-    backend = EngineBackend(launch_engine(args.model_path, log_level="error", disable_radix_cache=not cache))
-    startup_s = time.perf_counter() - t0
-    print(f"radix cache {'on ' if cache else 'off'} (engine ready in {startup_s:.1f} s):", flush=True)
+    start = time.perf_counter()
+    engine = launch_engine(args.model_path, rksc=rksc, log_level="error", max_total_tokens=args.max_total_tokens)
+    backend = EngineBackend(engine)
     try:
-        t1 = time.perf_counter()
-        results = solve_batch(problems, args.config, backend, progress_bar=True)
-        run_s = time.perf_counter() - t1
-        counters = backend.reset_counters()
+        backend.run(engine.async_generate(prompt="Warm up.", sampling_params={"max_new_tokens": 2}))
+        print(f"engine {name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
+        out = {}
+        for label, run in workloads.items():
+            out[label] = run(backend)
+            print(f"  {label}: {out[label].wall_s:.1f} s", flush=True)
+        return out
     finally:
         backend.shutdown()
-    return results, run_s, counters
+
+
+def fraction(hits: int, n: int) -> str:
+    return f"{hits}/{n}"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.verbose:
         quiet_third_parties()
-    problems = load(args.dataset, limit=args.limit)
-    c = args.config
-    print(f"self-consistency: {len(problems)} {args.dataset} problems x {c.num_branches} seeded branches "
-          f"({c.max_new_tokens} new tokens, T={c.temperature}), in-process on the CPU")
-    off, off_s, _ = run_once(problems, args, cache=False)
-    on, on_s, counters = run_once(problems, args, cache=True)
+    from benchmarks.bon_verify import solve_batch as bon_batch, summarize
+    from benchmarks.workloads import EXEMPLAR_POOL
+    from programs import paraphrase_sc, tot
+    from programs.bon import candidate_tokens
+    from programs.datasets import load
+    from rksc_sgl.config import RkscConfig
+    from rksc_sgl.verify import CgeeThresholds
 
-    print(f"\n{'problem':10} {'gold':>6}  branch answers -> vote (cache off | cache on)")
-    for a, b in zip(off, on):
-        show = lambda r: f"[{', '.join(str(x.answer) for x in r.branches)}] -> {r.answer}"  # noqa: E731
-        print(f"{a.problem.id:10} {a.problem.answer:>6}  {show(a)} | {show(b)}")
-    pairs = [(x, y) for a, b in zip(off, on) for x, y in zip(a.branches, b.branches)]
-    same_text = sum(x.text == y.text for x, y in pairs)
-    same_votes = sum(a.answer == b.answer for a, b in zip(off, on))
-    correct = sum(r.correct for r in on)
-    print(f"\nsame branch text with the cache off and on: {same_text}/{len(pairs)}; same votes: "
-          f"{same_votes}/{len(on)} (each branch has its own seed; see radix_ext/sampler.py)")
-    print(f"radix cache on: {off_s / on_s:.1f}x faster ({on_s:.1f} s vs {off_s:.1f} s), {counters.cached_tokens} of "
-          f"{counters.prompt_tokens} prompt tokens served from the cache")
-    print(f"accuracy {correct}/{len(on)} (a 135M model: the demo shows the mechanics, not the model's skill)\n")
+    gsm8k = load("gsm8k")
+    sc_problems, exemplar_pool = gsm8k[:args.sc_problems], tuple(gsm8k[-EXEMPLAR_POOL:])
+    tot_problems = gsm8k[args.sc_problems:args.sc_problems + args.tot_problems]
+    bon_problems = load("mmlu-stem", limit=args.bon_problems)
+    # Short answers after 3 shared exemplars: the prompt, which ASKS shares, is most of the work.
+    sc_config = SamplingConfig(args.branches, 16, 0.7, args.seed)
+    tot_config = tot.TotConfig(seed=args.seed)
+    bon_config = SamplingConfig(4, candidate_tokens("mmlu-stem"), 0.7, args.seed)
+
+    workloads = {
+        "paraphrase self-consistency": lambda b: timed(b, lambda: paraphrase_sc.solve_batch(
+            sc_problems, exemplar_pool, SC_SHOTS, sc_config, b, max_concurrency=1)),
+        "tree of thoughts": lambda b: timed(b, lambda: tot.solve_batch(tot_problems, tot_config, b)),
+    }
+    print(f"stock SGLang (exact) and rksc side by side, in-process on the CPU, KV pool {args.max_total_tokens} "
+          f"tokens in both engines:\n  paraphrase self-consistency: {len(sc_problems)} GSM8K problems x {args.branches} branches, each "
+          f"branch its own wording of the system message\n  tree of thoughts: {len(tot_problems)} GSM8K problems at "
+          f"once, thoughts scored by the model\n  best-of-4 with the verifier: {len(bon_problems)} MMLU-STEM problems\n",
+          flush=True)
+    exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(), workloads, args)
+    # Every candidate verified at full depth and with CGEE, each phase 3 times (its median counts).
+    bon = {"best-of-4 with the verifier": lambda b: timed(b, lambda: bon_batch(
+        bon_problems, bon_config, b, modes={"full": None, "cgee": CgeeThresholds.from_config()}, repeats=3))}
+    ours = run_engine("rksc (ASKS, RSBCM, CGEE)", RkscConfig(asks=True, rsbcm=True), {**workloads, **bon}, args)
+    print()
+    report(exact, ours, summarize(*ours["best-of-4 with the verifier"].results, "mmlu-stem"))
+    print()
     print(NEXT_STEPS)
+
+
+def report(exact: dict, ours: dict, bon_rows: list[dict]) -> None:
+    """The side-by-side table, then what each mechanism did."""
+    sc_e, sc_o = exact["paraphrase self-consistency"], ours["paraphrase self-consistency"]
+    tot_e, tot_o = exact["tree of thoughts"], ours["tree of thoughts"]
+    full, cgee = (next(r for r in bon_rows if r["mode"] == m) for m in ("full", "cgee"))
+
+    def branches(timed_run):
+        return [b for r in timed_run.results for b in r.branches]
+
+    sc_votes = sum(a.answer == b.answer for a, b in zip(sc_e.results, sc_o.results))
+    sc_agree = sum(a.answer == b.answer for a, b in zip(branches(sc_e), branches(sc_o)))
+    tot_agree = sum(a.answer == b.answer for a, b in zip(tot_e.results, tot_o.results))
+    n_sc, n_tot, n_bon = len(sc_e.results), len(tot_e.results), full["n_problems"]
+    rows = [
+        ("paraphrase self-consistency", "ASKS", "exact", sc_e.wall_s, sc_o.wall_s,
+         f"votes agree {fraction(sc_votes, n_sc)}, branch answers {fraction(sc_agree, len(branches(sc_e)))}; "
+         f"correct {sum(r.correct for r in sc_o.results)} vs {sum(r.correct for r in sc_e.results)}"),
+        ("tree of thoughts, pool < tree", "RSBCM", "exact", tot_e.wall_s, tot_o.wall_s,
+         f"answers agree {fraction(tot_agree, n_tot)}; correct {sum(r.correct for r in tot_o.results)} vs "
+         f"{sum(r.correct for r in tot_e.results)}"),
+        ("best-of-4, verification", "CGEE", "full depth", full["verify_wall_s"], cgee["verify_wall_s"],
+         f"decisions differ from full depth {fraction(cgee['cgee_errors'], n_bon)}; correct "
+         f"{round(cgee['accuracy'] * n_bon)} vs {round(full['accuracy'] * n_bon)}"),
+    ]
+    print(f"{'workload':30} {'mechanism':9} {'baseline':10} {'base s':>7} {'rksc s':>7} {'speed-up':>8}  "
+          "agreement / accuracy (rksc vs baseline)")
+    for label, mechanism, baseline, base_s, our_s, quality in rows:
+        print(f"{label:30} {mechanism:9} {baseline:10} {base_s:7.1f} {our_s:7.1f} {base_s / our_s:7.2f}x  {quality}")
+
+    reports = [b.asks for b in branches(sc_o) if b.asks]
+    adopted = [x for x in reports if x.get("adopted")]
+    sigmas = [x["sigma"] for x in adopted]
+    print(f"\nASKS: {len(adopted)} of {len(branches(sc_o))} branches adopted branch 0's wording"
+          + (f" (sigma {min(sigmas):.2f}-{max(sigmas):.2f} >= tau {adopted[0]['tau']:.3f}), "
+             f"{sum(x.get('reused_tokens', 0) for x in adopted):,} prompt tokens served from its KV" if adopted else "")
+          + f"; prefill {sc_o.prefill_tokens:,} vs {sc_e.prefill_tokens:,} tokens")
+    print(f"RSBCM: prefill {tot_o.prefill_tokens:,} vs {tot_e.prefill_tokens:,} tokens under the same pool")
+    exit_layer = cgee["cgee_mean_exit_layer"]
+    print(f"CGEE: skipped {round(cgee['cgee_skip_rate'] * n_bon)} of {n_bon} verifications"
+          + (f"; the others exited at layer {exit_layer:.0f} on average (SmolLM2-135M's logit lens settles only "
+             "at its last layer, 30)" if exit_layer is not None else ""))
+    print("(a 135M model: the demo shows the mechanics, not the model's skill)")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ import pytest
 from programs.demo import parse_args
 
 
-@pytest.mark.parametrize("argv, flag", [(["--limit", "0"], "--limit"), (["--num-branches", "0"], "--num-branches"),
-                                        (["--temperature", "-1"], "--temperature")])
+@pytest.mark.parametrize("argv, flag", [(["--sc-problems", "0"], "--sc-problems"),
+                                        (["--tot-problems", "0"], "--tot-problems"),
+                                        (["--bon-problems", "-1"], "--bon-problems"),
+                                        (["--branches", "1"], "--branches"),
+                                        (["--max-total-tokens", "100"], "--max-total-tokens")])
 def test_a_bad_value_names_its_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)
@@ -16,6 +19,34 @@ def test_a_bad_value_names_its_flag(argv, flag, capsys):
     assert flag in capsys.readouterr().err
 
 
-def test_defaults_are_the_sampling_config_of_the_programs():
+def test_the_defaults_are_valid():
     args = parse_args([])
-    assert args.config.num_branches == 4 and args.limit == 4
+    assert min(args.sc_problems, args.tot_problems, args.bon_problems) >= 1 and args.branches >= 2
+    assert 1024 <= args.max_total_tokens
+
+
+def test_the_report_prints_each_speed_up_beside_its_agreement(capsys):
+    """``report`` on hand-made results: one line per mechanism, the ratio and the agreement on it."""
+    from types import SimpleNamespace as NS
+
+    from programs.demo import Timed, report
+
+    def sc(answers, asks=None):
+        branches = [NS(answer=a, asks=asks if i else None) for i, a in enumerate(answers)]
+        return NS(answer=answers[0], correct=False, branches=branches)
+
+    adopted = {"adopted": True, "sigma": 0.5, "tau": 0.287, "reused_tokens": 300}
+    exact = {"paraphrase self-consistency": Timed([sc(["1", "2"])], 10.0, 800),
+             "tree of thoughts": Timed([NS(answer="3", correct=True)], 8.0, 900)}
+    ours = {"paraphrase self-consistency": Timed([sc(["1", "5"], adopted)], 4.0, 300),
+            "tree of thoughts": Timed([NS(answer="3", correct=True)], 6.4, 700)}
+    bon = [{"mode": "full", "n_problems": 8, "verify_wall_s": 2.0, "accuracy": 0.25},
+           {"mode": "cgee", "n_problems": 8, "verify_wall_s": 1.6, "accuracy": 0.25, "cgee_errors": 1,
+            "cgee_skip_rate": 0.25, "cgee_mean_exit_layer": None}]
+    report(exact, ours, bon)
+    out = capsys.readouterr().out
+    assert "2.50x  votes agree 1/1, branch answers 1/2" in out
+    assert "1.25x  answers agree 1/1; correct 1 vs 1" in out
+    assert "1.25x  decisions differ from full depth 1/8; correct 2 vs 2" in out
+    assert "1 of 2 branches adopted branch 0's wording" in out and "prefill 300 vs 800 tokens" in out
+    assert "skipped 2 of 8 verifications" in out

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.report import main, pooled_cgee_error, replace_between_markers, section
+from benchmarks.report import ROOT, block, generated_blocks, main, pooled_cgee_error, replace_between_markers, section
+from benchmarks.tables import latest_rows
 
 WALL = {"no-cache": 300.0, "exact": 200.0, "cgee-only": 160.0}
 ACCURACY = {"no-cache": 0.20, "exact": 0.20, "cgee-only": 0.18}
@@ -101,3 +102,28 @@ def test_adaptive_table_sets_the_runtime_saving_beside_the_replay_and_the_curve_
     text = curve_table(curve)
     assert "| arc-challenge | `esc:3` | 250 / 320 | 22.0% | 20.0% | 0.95 |" in text
     assert "esc: `esc:3`, beta: none" in text and "--calibration-offset 20" in text
+
+
+def test_the_committed_docs_carry_the_tables_the_committed_results_give():
+    """README.md's summary and docs/benchmarks.md's tables: regenerate with ``benchmarks.report --all``."""
+    for path, blocks in generated_blocks().items():
+        text = path.read_text()
+        for name, body in blocks.items():
+            assert block(text, name) == body, f"{path.name}, block {name}: run python -m benchmarks.report --all"
+
+
+def test_the_readme_is_a_page_of_at_most_200_lines():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_a_run_without_run_ids_is_its_trailing_rows_of_one_commit(tmp_path):
+    path = tmp_path / "speed.jsonl"
+    path.write_text("".join(json.dumps({"commit": c, "kind": k}) + "\n" for c, k in
+                            (("a", "decode"), ("b", "decode"), ("b", "prefill"))))
+    assert [r["kind"] for r in latest_rows(path)] == ["decode", "prefill"]
+
+
+def test_all_takes_no_results_file(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["benchmarks/results/tot.jsonl", "--all"])
+    assert exc.value.code == 2 and "--all" in capsys.readouterr().err

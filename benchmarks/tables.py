@@ -1,0 +1,179 @@
+"""The README's one results table, and the tables of the tools other than ``benchmarks.bench``.
+
+Every figure is read from a committed results file under ``benchmarks/results/`` (its latest run)
+and printed beside the commit and machine that file records; ``benchmarks.report --all`` writes
+them between their markers (README.md's ``summary``, docs/benchmarks.md's ``speed``, ``scaleout``,
+``load``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.records import latest_run
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def latest_rows(path: Path) -> list[dict]:
+    """The latest run of a file: by ``run_id`` where rows carry one, else the trailing rows of the
+    last row's commit (``benchmarks.speed`` appends one row per kind and stream count)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} holds no results")
+    if "run_id" in rows[-1]:
+        return latest_run(path)
+    last, out = rows[-1]["commit"], []
+    for r in reversed(rows):
+        if r["commit"] != last:
+            break
+        out.append(r)
+    return out[::-1]
+
+
+def _mode(rows: list[dict], mode: str) -> list[dict]:
+    mine = [r for r in rows if r["mode"] == mode]
+    if not mine:
+        raise ValueError(f"no rows of mode {mode!r} in the latest run of {rows[0]['workload']}")
+    return mine
+
+
+def _mean(values) -> float:
+    return statistics.mean(values)
+
+
+def _delta_points(rows: list[dict], mine: list[dict], against: str) -> str:
+    """Mean accuracy delta against the ``against`` mode over the datasets, in points."""
+    base = {r["dataset"]: r["accuracy"] for r in _mode(rows, against)}
+    return f"accuracy {_mean(100 * (r['accuracy'] - base[r['dataset']]) for r in mine):+.1f} pts"
+
+
+def _run(r: dict) -> tuple[str, str]:
+    return r["commit"], r["machine"]
+
+
+def _bench_row(label: str, mechanism: str, path: Path, mode: str, against: str = "exact") -> list[str]:
+    """One row from a ``benchmarks.bench`` run: mean speed-up over the datasets, accuracy delta and
+    answer agreement against ``exact``, and what the mechanism did."""
+    rows = latest_rows(path)
+    mine = _mode(rows, mode)
+    key = "speedup_vs_exact" if against == "exact" else "speedup_vs_no_cache"
+    speed = _mean(r[key] for r in mine)
+    quality = _delta_points(rows, mine, against)
+    if against == "exact":  # the share of problems whose majority answer is exact's
+        quality += f", votes agree {_mean(r['answer_agreement_vs_exact'] for r in mine):.2f}"
+    return [label, mechanism, f"`{mode}` vs `{against}`", f"{speed:.2f}x", quality,
+            _did(rows, mine) if against == "exact" else f"prompt reuse {_mean(r['reuse_rate'] for r in mine):.2f}",
+            *_run(mine[0])]
+
+
+def _did(rows: list[dict], mine: list[dict]) -> str:
+    """What the mechanism did in the run, in the run's own counters."""
+    r = mine[0]
+    if r.get("asks_substituted_branches") is not None:
+        exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
+        share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
+        return f"{sum(x['asks_substituted_branches'] for x in mine)} branches adopted a sibling's span; prefill {share:.2f}x"
+    errors = [x for x in mine if x.get("cgee_errors") is not None]
+    if errors:
+        e, n = sum(x["cgee_errors"] for x in errors), sum(x["n_problems"] for x in errors)
+        skips = [x["cgee_skip_rate"] for x in errors]
+        return (f"CGEE skipped {min(skips):.0%}-{max(skips):.0%} of verifications, "
+                f"{e}/{n} decisions differ from full depth")
+    exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
+    share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
+    return f"prefill {share:.2f}x, {sum(x['evictions'] for x in mine):,} tokens evicted"
+
+
+def _cgee_row(label: str, path: Path) -> list[str]:
+    """Per-dataset CGEE thresholds: the verifier's time against full depth, and its errors."""
+    mine = _mode(latest_rows(path), "cgee-only")
+    e, n = sum(r["cgee_errors"] for r in mine), sum(r["n_problems"] for r in mine)
+    ratio = _mean(r["cgee_verify_time_ratio"] for r in mine)
+    skips = [r["cgee_skip_rate"] for r in mine]
+    return [label, "CGEE", "verify vs full-depth verify", f"{1 / ratio:.2f}x",
+            f"{e}/{n} decisions differ from full depth", f"skipped {min(skips):.0%}-{max(skips):.0%} of verifications",
+            *_run(mine[0])]
+
+
+def _speed_row(label: str, mechanism: str, against: str, r: dict) -> list[str]:
+    return [label, mechanism, against, f"{r['tok_s'] / r['baseline_tok_s']:.2f}x", "-",
+            f"{r['tok_s']:.1f} vs {r['baseline_tok_s']:.1f} tok/s", *_run(r)]
+
+
+def _speed(rows: list[dict], kind: str, streams: int) -> dict:
+    return next(r for r in rows if r["kind"] == kind and r["streams"] == streams)
+
+
+SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / agreement", "what it did", "commit",
+                  "machine"]
+
+
+def summary_rows(results: Path = RESULTS) -> list[list[str]]:
+    speed = latest_rows(results / "speed.jsonl")
+    return [
+        _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50", "ASKS",
+                   results / "paraphrase-sc.jsonl", "asks-only"),
+        _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",
+                   "rsbcm-only"),
+        _bench_row("best-of-4 + verifier, 4 datasets x50", "all", results / "bon-verify.jsonl", "rksc"),
+        _bench_row("best-of-4 + verifier, 4 datasets x50", "stock radix cache", results / "bon-verify.jsonl",
+                   "exact", "no-cache"),
+        _bench_row("best-of-4 + verifier, KV pool 1/4, 4 datasets x50", "RSBCM",
+                   results / "capped" / "bon-verify.jsonl", "rsbcm-only"),
+        _cgee_row("best-of-4 + verifier, per-dataset thresholds, 4 datasets x50", results / "cgee" / "bon-verify.jsonl"),
+        _speed_row("decode, 1 stream", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 1)),
+        _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32)),
+        _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
+                   _speed(speed, "prefill", 1)),
+        _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32)),
+    ]
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def summary(results: Path = RESULTS) -> str:
+    return markdown(SUMMARY_HEADER, summary_rows(results))
+
+
+def speed_section(path: Path) -> str:
+    """``benchmarks.speed``'s latest run: ours against its baseline per kind and stream count."""
+    rows = latest_rows(path)
+    first = rows[0]
+    body = [[r["kind"], str(r["streams"]), f"{r['tok_s']:.1f}", r["baseline"], f"{r['baseline_tok_s']:.1f}",
+             f"{r['tok_s'] / r['baseline_tok_s']:.2f}"] for r in rows]
+    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, {first['dtype']}, median of "
+            f"{first['repeats']}, 1-minute load average {first['load_avg_1min']} at the start.\n\n"
+            + markdown(["kind", "streams", "ours tok/s", "baseline", "baseline tok/s", "ratio"], body))
+
+
+def scaleout_section(path: Path) -> str:
+    """``benchmarks.scaleout``'s latest run: one row per routing policy."""
+    rows = latest_rows(path)
+    first = rows[0]
+    body = [[f"`{r['policy']}`", f"{r['wall_s']:.1f}", f"{r['prefill_tokens']:,}", f"{r['reuse_rate']:.2f}",
+             f"{r['branch_text_agreement_vs_first']:.2f}"] for r in rows]
+    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}. Produced by:\n\n```bash\n"
+            f"{first['command']}\n```\n\n"
+            + markdown(["policy", "wall s", "prefill tokens", "prompt reuse", f"branch texts as under `{rows[0]['policy']}`"],
+                       body))
+
+
+def load_section(path: Path) -> str:
+    """``benchmarks.load``'s latest run, as one row."""
+    r = latest_rows(path)[-1]
+    p, q = r["program_latency_s"], r["request_latency_s"]
+    body = [[f"{r['programs_completed']}/{r['settings']['programs']}", str(r["requests"]),
+             f"{r['pool_tokens']:,} of {r['working_set_tokens']:,}", f"{r['wall_s']:.0f}",
+             f"{p['p50']:.0f} / {p['p95']:.0f} / {p['p99']:.0f}", f"{q['p50']:.0f} / {q['p95']:.0f} / {q['p99']:.0f}",
+             f"{r['completion_tok_s']:.0f}", f"{r['reuse_rate']:.2f}", f"{r['kv_pool']['evicted_tokens']:,}",
+             "yes" if r["kv_balanced"] and r["server_serving"] else "no"]]
+    return (f"Commit {r['commit']}, {r['date']}, {r['machine']}. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
+            + markdown(["programs completed", "requests", "KV pool tokens (of working set)", "wall s",
+                        "program latency p50/p95/p99 s", "request latency p50/p95/p99 s", "completion tok/s",
+                        "prompt reuse", "evicted tokens", "pool balanced, still serving"], body))

@@ -87,11 +87,11 @@ def timed(backend, run) -> Timed:
 def run_engine(name: str, rksc, workloads: dict, args) -> dict[str, object]:
     """Start one engine, run every workload on it in turn, shut it down."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import EngineBackend
+    from rksc_sgl.frontend import RkscEngineEndpoint
 
     start = time.perf_counter()
     engine = launch_engine(args.model_path, rksc=rksc, log_level="error", max_total_tokens=args.max_total_tokens)
-    backend = EngineBackend(engine)
+    backend = RkscEngineEndpoint(engine)
     try:
         backend.run(engine.async_generate(prompt="Warm up.", sampling_params={"max_new_tokens": 2}))
         print(f"engine {name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     from programs.bon import candidate_tokens
     from programs.datasets import load
     from rksc_sgl.config import RkscConfig
-    from rksc_sgl.verify import CgeeThresholds
+    from rksc_sgl.cgee import CgeeThresholds
 
     gsm8k = load("gsm8k")
     sc_problems, exemplar_pool = gsm8k[:args.sc_problems], tuple(gsm8k[-EXEMPLAR_POOL:])

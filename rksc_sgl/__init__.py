@@ -15,8 +15,10 @@ _EXPORTS = {
     "default_model_path": "rksc_sgl.model_cache",
     "EngineBackend": "rksc_sgl.frontend",
     "RkscEndpoint": "rksc_sgl.frontend",
-    # Program primitives: per-branch options (seed, depth, score), scores, verification.
+    # Program primitives: per-branch options (seed, depth, score), paraphrase forks (ASKS), scores,
+    # verification.
     "branch_options": "rksc_sgl.frontend",
+    "paraphrase_fork": "rksc_sgl.frontend",
     "report_score": "rksc_sgl.scores",
     "Candidate": "rksc_sgl.verify",
     "verify": "rksc_sgl.verify",

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 ENV_VAR = "RKSC_SGL_CONFIG"
+POOLINGS = ("mean", "last")  # --asks-pooling
 BACKEND_NAME = "rksc"
 
 
@@ -53,6 +54,7 @@ class RkscConfig:
     asks_min_tail: int = 16  # the donor's subtree must continue with >= this many of our tokens
     asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
     asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
+    asks_pooling: str = "mean"  # a span's signature: "mean" over its tokens, or its "last" token's state
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -133,6 +135,8 @@ def _check_asks(config: RkscConfig) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"--asks-min-tail must be an int >= 1, got {value!r}")
     parse_layers(config.asks_layers)
+    if config.asks_pooling not in POOLINGS:
+        raise ValueError(f"--asks-pooling must be one of {', '.join(POOLINGS)}, got {config.asks_pooling!r}")
     if not isinstance(config.asks_background, str) or not config.asks_background:
         raise ValueError(f"--asks-background must be 'auto', 'none' or a file path, got {config.asks_background!r}")
 

@@ -43,18 +43,22 @@ class RkscConfig:
     cgee_epsilon: float = 0.02
     cgee_min_layer: int = 30
     # ASKS (radix_ext.asks): a request whose cached opening span means the same as a sibling span
-    # (gate: weighted cosine of background-centred, mean-pooled full hidden states, weights
-    # exp(alpha * l / L) over the probed layers, sigma >= tau) adopts that span's tokens and reuses
-    # the KV below it. Defaults: benchmarks/results/asks_calibration.json (SmolLM2-135M, chosen on
-    # instruction families held apart from the paraphrase-sc workload). tau >= 1 never adopts.
+    # of its own substitution group (docs/asks.md) adopts that span's tokens and reuses the KV
+    # below it. Gate: weighted cosine of background-centred full hidden states of the span's last
+    # token, weights exp(alpha * l / L) over the probed layers, sigma >= tau; tau >= 1 never
+    # adopts. Defaults: benchmarks/results/asks_calibration.json (SmolLM2-135M). Chosen on
+    # calibration families and same-topic calibration controls, that gate (tau 0.413) accepted
+    # 5.6% of the held-out same-topic evaluation controls, over the 1% target; no signature of
+    # this model reaches the target at a useful recall, so tau is the safe one, above every
+    # control sigma seen (0.5956): 0 false accepts, 1 of 28 evaluation paraphrase pairs accepted.
     asks: bool = False
-    asks_tau: float = 0.287
-    asks_alpha: float = 0.0
-    asks_layers: str = "11-20"  # "all", or 1-based layer numbers and ranges: "10-30", "4,8,12"
+    asks_tau: float = 0.5956
+    asks_alpha: float = 1.0
+    asks_layers: str = "16-30"  # "all", or 1-based layer numbers and ranges: "10-30", "4,8,12"
     asks_min_tail: int = 16  # the donor's subtree must continue with >= this many of our tokens
     asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
     asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
-    asks_pooling: str = "mean"  # a span's signature: "mean" over its tokens, or its "last" token's state
+    asks_pooling: str = "last"  # a span's signature: "mean" over its tokens, or its "last" token's state
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -2,9 +2,10 @@
 and the trust boundary between substitution groups.
 
 Engines, one at a time beside the session's stock engine: ASKS at tau = 1 (must equal stock),
-ASKS at its calibrated defaults with a small KV pool (so a run of several problems evicts), then
-ASKS with its gate wide open (tau = 0: every candidate passes), where only the groups keep two
-programs' spans apart.
+then ASKS with its calibrated signature but its gate wide open (tau = 0: every candidate passes)
+and a small KV pool (so a run of several problems evicts). The open gate exercises adoption
+whatever tau the calibration ships (the shipped, safe tau accepts few paraphrases), and leaves
+only the substitution groups to keep two programs' spans apart.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed
 SHOTS = 3
 ENGINES = {
     "tau1": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_tau=1.0)),
-    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True)),
-    "open-gate": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_tau=0.0)),
+    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True, asks_tau=0.0)),
 }
 
 
@@ -146,15 +146,15 @@ class TestAdoption:
                               layer_weights(layers, model.config.num_hidden_layers, config.asks_alpha), background)
         assert report["sigma"] == pytest.approx(expected, abs=2e-3)
 
-    def test_control_instruction_is_not_adopted(self, adopted):
+    def test_control_instruction_sigma_is_below_the_shipped_tau(self, adopted):
         backend, group = adopted[0], in_group(uuid.uuid4().hex)
         head, suffix = backend.chat_template.get_prefix_and_suffix("system", [])
         tail = f"{suffix}A request that only checks how the cache treats two different system messages."
         backend.prefill(head + EVAL.controls[1], custom_params=group)
         backend.prefill(head + EVAL.controls[1] + tail, custom_params=group)
-        backend.prefill(head + EVAL.paraphrases[1], custom_params=group)
-        report = backend.prefill(head + EVAL.paraphrases[1] + tail, custom_params=group)[ASKS_KEY][0]
-        assert report["outcome"] == "gate" and report["sigma"] < report["tau"], report
+        backend.prefill(head + EVAL.paraphrases[5], custom_params=group)  # a wording the fixture did not commit
+        report = backend.prefill(head + EVAL.paraphrases[5] + tail, custom_params=group)[ASKS_KEY][0]
+        assert report["candidates"] == 1 and report["sigma"] < RkscConfig().asks_tau, report
 
     def test_request_can_opt_out(self, adopted):
         backend, problem, exemplars, _ = adopted
@@ -198,7 +198,7 @@ def in_group(group: str) -> dict:
 
 @pytest.fixture(scope="module")
 def open_gate(engines):
-    backend = engines.get("open-gate")
+    backend = engines.get("asks")
     backend.flush_cache()
     return backend
 

@@ -25,6 +25,8 @@ CLIENT: dict[str, tuple[str, ...]] = {
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._handle_dtype_to_regex",
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._assert_success",
         "sglang.lang.interpreter.StreamExecutor.fork",
+        "sglang.lang.interpreter.ProgramState.fork",  # paraphrase_fork
+        "sglang.lang.interpreter.ProgramState.text",
     ),
     "in-process engine": (
         "sglang.srt.entrypoints.engine.Engine._ensure_event_loop",

@@ -89,21 +89,26 @@ def substitution_quality(results, exact_results) -> dict[str, Any]:
 
 
 def control_probe(backend) -> dict[str, Any]:
-    """The gate on every (paraphrase, control) pair, in the engine: false-accept rate and sigmas."""
-    from programs.paraphrases import EVAL
-    from rksc_sgl.protocol import ASKS_KEY
+    """The gate on every (paraphrase, control) pair, in the engine: false-accept rate and sigmas.
+    All of the probe's requests are one substitution group of their own (what a program that
+    declared controls and paraphrases interchangeable would send), so only the gate decides."""
+    import uuid
 
+    from programs.paraphrases import EVAL
+    from rksc_sgl.protocol import ASKS_KEY, AsksOptions
+
+    group = AsksOptions(group=f"control-probe-{uuid.uuid4().hex}").to_custom_params()
     head, suffix = backend.chat_template.get_prefix_and_suffix("system", [])
     user = backend.chat_template.get_prefix_and_suffix("user", [])[0]
     for text in EVAL.paraphrases + EVAL.controls:
-        backend.prefill(head + text)
+        backend.prefill(head + text, custom_params=group)
     accepted, sigmas = 0, []
     for j, control in enumerate(EVAL.controls):
         for i, paraphrase in enumerate(EVAL.paraphrases):
             tail = (f"{suffix}{user}Probe {j}.{i}: this is a control request that only checks whether "
                     f"two different system messages are treated as the same one.")
-            backend.prefill(head + control + tail)
-            report = (backend.prefill(head + paraphrase + tail).get(ASKS_KEY) or [{}])[0]
+            backend.prefill(head + control + tail, custom_params=group)
+            report = (backend.prefill(head + paraphrase + tail, custom_params=group).get(ASKS_KEY) or [{}])[0]
             accepted += bool(report.get("adopted"))
             if report.get("sigma") is not None:
                 sigmas.append(report["sigma"])

@@ -7,13 +7,12 @@ question. Exact prefix caching shares only the chat header between branches; eve
 recomputes the exemplars and the question under its own wording. ASKS (``--asks``) lets a
 branch whose wording means the same as branch 0's adopt branch 0's wording and reuse its KV.
 
-The program, per problem, in this order (every mode runs the same requests):
-
-1. commits the shared head (the system header) and each branch's span (head + its paraphrase),
-   as prefill-only requests, so every span has a signature before any prompt containing it;
-2. commits branch 0's full prompt;
-3. runs the branches (``branch_program``, one ``@sgl.function`` per branch, all concurrently),
-   each sampling with its own seed (``programs.sc.branch_seed``), then votes.
+The program (``paraphrase_program``) is a fork program: ``rksc_sgl.paraphrase_fork`` forks the
+open system turn into one branch per wording, commits the spans and branch 0's full prompt
+under one ASKS substitution group, and each branch then samples with its own seed
+(``programs.sc.branch_seed``); the answers are voted on. Every mode runs the same requests.
+``solve_batch`` gives all the problems of one run one group (one client: their spans may stand
+in for one another), and nothing outside the run can join it.
 
 What ASKS did to each branch comes back in its ``meta_info["rksc_asks"]``.
 """
@@ -23,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import uuid
 from typing import Any
 
 import sglang as sgl
@@ -31,7 +31,7 @@ from programs.datasets import Problem, extract_answer
 from programs.paraphrases import EVAL
 from programs.sampling import SamplingConfig
 from programs.sc import branch_seed, majority_vote, user_prompt
-from rksc_sgl.frontend import branch_options
+from rksc_sgl.frontend import branch_options, paraphrase_fork
 from rksc_sgl.protocol import ASKS_KEY
 
 TOP_LOGPROBS = 20  # of each branch's first token: the first-token KL between modes
@@ -68,18 +68,19 @@ def exemplars_for(problem: Problem, pool: tuple[Problem, ...], shots: int) -> tu
 
 
 @sgl.function
-def branch_program(s, system: str, prompt: str, gen_tokens: int, gen_temperature: float, seed: int):
-    s += sgl.system(system)
-    s += sgl.user(prompt)
-    branch_options(s, sampling_seed=seed)
-    s += sgl.assistant(sgl.gen("solution", max_tokens=gen_tokens, temperature=gen_temperature,
-                               return_logprob=True, top_logprobs_num=TOP_LOGPROBS))
-    meta = s.get_meta_info("solution")
-    return s["solution"], meta
+def paraphrase_program(s, systems: list[str], prompt: str, gen_tokens: int, gen_temperature: float,
+                       seeds: list[int], group: str | None = None):
+    s += sgl.system_begin()
+    forks = paraphrase_fork(s, systems, sgl.system_end() + sgl.user(prompt) + sgl.assistant_begin(), group=group)
+    for fork, seed in zip(forks, seeds):
+        branch_options(fork, sampling_seed=seed)
+        fork += sgl.gen("solution", max_tokens=gen_tokens, temperature=gen_temperature,
+                        return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
+    return [(fork["solution"], fork.get_meta_info("solution")) for fork in forks]
 
 
 def prompt_text(chat_template, system: str, prompt: str) -> str:
-    """The text ``branch_program`` sends for its gen (committed ahead for branch 0)."""
+    """The text a branch of ``paraphrase_program`` with system message ``system`` sends for its gen."""
     text = ""
     for role, content in (("system", system), ("user", prompt)):
         prefix, suffix = chat_template.get_prefix_and_suffix(role, [])
@@ -88,21 +89,15 @@ def prompt_text(chat_template, system: str, prompt: str) -> str:
 
 
 def solve(problem: Problem, index: int, exemplars: tuple[Problem, ...], config: SamplingConfig, backend,
-          paraphrases: tuple[str, ...] = EVAL.paraphrases) -> ParaResult:
-    systems = [paraphrases[b % len(paraphrases)] for b in range(config.num_branches)]
-    prompt = user_prompt(problem, exemplars)
-    head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
-    backend.prefill(head)
-    for system in dict.fromkeys(systems):
-        backend.prefill(head + system)
-    backend.prefill(prompt_text(backend.chat_template, systems[0], prompt))
-    arguments = [dict(system=system, prompt=prompt, gen_tokens=config.max_new_tokens,
-                      gen_temperature=config.temperature, seed=branch_seed(config.seed, index, b))
-                 for b, system in enumerate(systems)]
-    states = branch_program.run_batch(arguments, backend=backend, num_threads=len(arguments))
+          paraphrases: tuple[str, ...] = EVAL.paraphrases, group: str | None = None) -> ParaResult:
+    """One problem; ``group``: the ASKS substitution group (default: this program's own)."""
+    state = paraphrase_program.run(
+        systems=[paraphrases[b % len(paraphrases)] for b in range(config.num_branches)],
+        prompt=user_prompt(problem, exemplars), gen_tokens=config.max_new_tokens,
+        gen_temperature=config.temperature, seeds=[branch_seed(config.seed, index, b) for b in range(config.num_branches)],
+        group=group, backend=backend)
     branches = []
-    for state in states:
-        text, meta = state.ret_value
+    for text, meta in state.ret_value:
         first_top = (meta.get("output_top_logprobs") or [[]])[0] or []
         report = meta.get(ASKS_KEY)
         branches.append(ParaBranch(
@@ -120,8 +115,10 @@ def solve_batch(problems: list[Problem], pool: tuple[Problem, ...], shots: int, 
     ``i`` samples with the seeds of index ``first_index + i`` and its exemplars come from ``pool``."""
     from tqdm import tqdm
 
+    group = uuid.uuid4().hex  # the run's substitution group
     with concurrent.futures.ThreadPoolExecutor(max_workers=max_concurrency or max(1, len(problems))) as pool_exec:
-        futures = [pool_exec.submit(solve, p, first_index + i, exemplars_for(p, pool, shots), config, backend)
+        futures = [pool_exec.submit(solve, p, first_index + i, exemplars_for(p, pool, shots), config, backend,
+                                  group=group)
                    for i, p in enumerate(problems)]
         with tqdm(total=len(futures), desc="problems", unit="problem", leave=False, disable=not progress_bar) as bar:
             for _ in concurrent.futures.as_completed(futures):

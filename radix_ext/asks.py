@@ -6,22 +6,30 @@ request's tail is cached below it. Attention and positions stay exact; what chan
 wording the branch conditions on, so every decision is reported (``meta_info["rksc_asks"]``)
 and counted (``cache_stats``).
 
+**The trust boundary** (``docs/asks.md``): a request adopts only from its own substitution group,
+the ``group`` of its ``custom_params["rksc_asks"]`` (``rksc_sgl.protocol.AsksOptions``), which a
+program's span-commit primitive declares (``rksc_sgl.frontend.paraphrase_fork``). Only a span
+commit that carries a group is signed, its signature records the group, and a request considers
+only the signed spans of its own group, its own spans and donors alike. A request without a group
+is never rewritten (``skipped:no-group``); SGLang's own ``fork()`` prefix commits carry none.
+
 The decision runs once per request, when the scheduler creates it (an AFTER hook on
 ``Scheduler._create_generation_req``, before any prefix matching), and only reads the tree (no
 splits, locks or access-time updates):
 
 1. walk the request's tokens down the tree; the fully matched nodes carrying a signature
-   (``radix_ext.asks_capture``) are its own spans, deepest first, each with tokens after it;
-2. donors of a span [s, e) (``s``: where its commit left the cached prefix): other signed nodes
-   below position ``s`` of the path (so they share ``ids[:s]``), outside the span's own subtree,
-   ending at most ``max(MIN_REACH, SPAN_REACH * (e - s))`` tokens after ``s``, whose subtree
-   continues with the request's
-   ``ids[e:]`` for at least ``asks_min_tail`` tokens; a donor replaces ``ids[s:e]`` with its
-   path's tokens from ``s`` to its end;
+   (``radix_ext.asks_capture``) of the request's group are its own spans, deepest first, each
+   with tokens after it;
+2. donors of a span [s, e) (``s``: where its commit left the cached prefix): other nodes signed
+   for the same group below position ``s`` of the path (so they share ``ids[:s]``), outside the
+   span's own subtree, ending at most ``max(MIN_REACH, SPAN_REACH * (e - s))`` tokens after
+   ``s``, whose subtree continues with the request's ``ids[e:]`` for at least
+   ``asks_min_tail`` tokens; a donor replaces ``ids[s:e]`` with its path's tokens from ``s`` to
+   its end;
 3. the gate (``radix_ext.asks_gate``) on the own and each donor signature; the passing donor with
    the highest sigma is adopted.
 
-Skipped (kept as sent, reported with the reason): requests that opt out
+Skipped (kept as sent, reported with the reason): requests without a group, requests that opt out
 (``custom_params["rksc_asks"] = {"enabled": false}``), ask for input log-probabilities, carry
 embeddings, multimodal inputs, embedding overrides or token types, belong to a session, or are
 CGEE verification requests. A donor evicted between this decision and the request's admission
@@ -135,8 +143,16 @@ def matched_below(node, key, pos: int, page_size: int = 1, enough: int | None = 
     return matched
 
 
-def donors(root, path: list[tuple[Any, int, int]], own, start: int, reach: int) -> list[tuple[Any, list[int]]]:
-    """Signed nodes below position ``start`` of the request's path (so sharing ``ids[:start]``),
+def signed_for(node, group: str) -> Signature | None:
+    """The node's signature if a commit of ``group`` left it, else None (another group's span is
+    neither an own span nor a donor: the trust boundary)."""
+    signature = getattr(node, SIG_ATTR, None)
+    return signature if signature is not None and signature.group == group else None
+
+
+def donors(root, path: list[tuple[Any, int, int]], own, start: int, reach: int,
+           group: str) -> list[tuple[Any, list[int]]]:
+    """Nodes signed for ``group`` below position ``start`` of the request's path (so sharing ``ids[:start]``),
     outside ``own``'s subtree and ending at most ``reach`` tokens after ``start``, each with its
     path's tokens from ``start`` to its end (what would replace the own span)."""
     roots: list[tuple[Any, int]] = [(c, 0) for c in root.children.values()] if start == 0 else []
@@ -154,32 +170,34 @@ def donors(root, path: list[tuple[Any, int, int]], own, start: int, reach: int) 
         if b - start > reach:
             continue
         tokens = tokens + list(node.key.token_ids[max(0, start - a): len(node.key)])
-        if getattr(node, SIG_ATTR, None) is not None and b > start:
+        if b > start and signed_for(node, group) is not None:
             found.append((node, tokens))
         if b - start < reach:
             stack.extend((child, b, tokens) for child in node.children.values())
     return found
 
 
-def decide(cache, ids, gate: Gate, min_tail: int, *, extra_key=None, cache_salt=None) -> tuple[Decision, list[int] | None]:
-    """The decision for a request with token ids ``ids``, and its new ids if it adopts."""
+def decide(cache, ids, gate: Gate, min_tail: int, *, group: str, extra_key=None,
+           cache_salt=None) -> tuple[Decision, list[int] | None]:
+    """The decision for a request of substitution group ``group`` with token ids ``ids``, and its
+    new ids if it adopts."""
     key = _key(ids, extra_key, cache_salt)
     page = cache.page_size
     path = matched_path(cache.root_node, key, page)
-    spans = [(node, a, b) for node, a, b in path if getattr(node, SIG_ATTR, None) is not None
+    spans = [(node, a, b) for node, a, b in path if signed_for(node, group) is not None
              and len(key) - b >= min_tail]
     if not spans:
         return Decision("no-span", gate.tau), None
     best: Decision | None = None
     for node, _a, end in reversed(spans):
-        own: Signature = getattr(node, SIG_ATTR)
+        own: Signature = signed_for(node, group)
         s = own.start
         reach = max(MIN_REACH, SPAN_REACH * (end - s))
-        candidates = [(d, toks) for d, toks in donors(cache.root_node, path, node, s, reach)
+        candidates = [(d, toks) for d, toks in donors(cache.root_node, path, node, s, reach, group)
                       if matched_below(d, key, end, page, enough=min_tail) >= min_tail]
         if not candidates:
             continue
-        scored = sorted(((gate.sigma(own, getattr(d, SIG_ATTR)), toks) for d, toks in candidates),
+        scored = sorted(((gate.sigma(own, signed_for(d, group)), toks) for d, toks in candidates),
                         key=lambda x: -x[0] if x[0] == x[0] else float("inf"))
         sigma, toks = scored[0]
         decision = Decision("adopted" if adopts(sigma, gate.tau) else "gate", gate.tau, sigma=sigma,
@@ -193,12 +211,13 @@ def decide(cache, ids, gate: Gate, min_tail: int, *, extra_key=None, cache_salt=
 
 # ---- scheduler hooks ------------------------------------------------------------------------
 
-def _skip_reason(req, recv_req) -> str | None:
-    try:
-        if not AsksOptions.from_custom_params(getattr(req.sampling_params, "custom_params", None)).enabled:
-            return "opted-out"
-    except ValueError:
+def _skip_reason(req, recv_req, options: AsksOptions | None) -> str | None:
+    if options is None:
         return "bad-options"
+    if not options.enabled:
+        return "opted-out"
+    if options.group is None:
+        return "no-group"  # the trust boundary: no group, no substitution (and no signature)
     if recv_req.return_logprob and getattr(recv_req, "logprob_start_len", -1) != -1:
         return "input-logprobs"  # (-1: output log-probabilities only, which a rewrite keeps valid)
     for attr, why in (("input_embeds", "embeddings"), ("positional_embed_overrides", "embed-overrides"),
@@ -229,9 +248,13 @@ def _on_create(req, scheduler, recv_req, *args, **kwargs):
 
 def _decide_on_create(req, scheduler, recv_req, cache) -> None:
     state = cache.asks
-    reason = _skip_reason(req, recv_req)
+    try:
+        options = AsksOptions.from_custom_params(getattr(req.sampling_params, "custom_params", None))
+    except ValueError:
+        options = None
+    reason = _skip_reason(req, recv_req, options)
     if reason is None and req.sampling_params.max_new_tokens == 0:
-        asks_capture.register(req)  # a span commit: its prefill leaves a signature
+        asks_capture.register(req, options.group)  # a span commit: its prefill leaves a signature
     if state.gate.tau >= 1.0:
         return  # tau = 1: stock SGLang exactly (no decision, no report)
     if reason is not None:
@@ -239,7 +262,8 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
     else:
         try:
             decision, new_ids = decide(cache, req.origin_input_ids, state.gate, state.min_tail,
-                                       extra_key=req.extra_key, cache_salt=req.cache_salt)
+                                       group=options.group, extra_key=req.extra_key,
+                                       cache_salt=req.cache_salt)
         except Exception:  # never fail the scheduler on a decision: keep the prompt as sent
             logger.exception("ASKS decision failed for request %s; prompt kept", req.rid)
             decision, new_ids = Decision("skipped:error", state.gate.tau), None
@@ -303,8 +327,9 @@ def install() -> None:
     HookRegistry.register(ACCEPT_TARGET, _report, HookType.BEFORE)
     HookRegistry.register(REQUEST_LEVEL_TARGET, _request_level, HookType.AFTER)
     for target in TARGETS:
-        HookRegistry.register(target, asks_capture.before_forward(_layers_of), HookType.BEFORE)
+        HookRegistry.register(target, asks_capture.before_forward(_capture_settings), HookType.BEFORE)
 
 
-def _layers_of(model) -> tuple[int, ...]:
-    return _live_state[0].gate.layers if _live_state else ()
+def _capture_settings(model) -> tuple[tuple[int, ...], str]:
+    gate = _live_state[0].gate if _live_state else None
+    return (gate.layers, gate.pooling) if gate else ((), "mean")

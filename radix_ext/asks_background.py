@@ -1,7 +1,7 @@
 """The background mean ASKS's gate centres signatures on, per model (see ``radix_ext.asks_gate``).
 
 ``benchmarks.calibrate_asks`` writes it: the mean signature of its calibration instructions at
-every layer, with the model's fingerprint (a hash of its final norm's weights, which any two
+every layer, one per pooling (``--asks-pooling``: mean over the span, or its last token), with the model's fingerprint (a hash of its final norm's weights, which any two
 checkpoints of different weights tell apart). ``--asks-background auto`` loads the packaged file
 whose fingerprint matches the served model (``radix_ext/asks_backgrounds/``), ``none`` uses raw
 cosines, and a path loads that file (refused if its fingerprint is another model's).
@@ -30,14 +30,16 @@ def model_fingerprint(model) -> str | None:
     return fingerprint(weight) if isinstance(weight, torch.Tensor) else None
 
 
-def save(path: Path, *, background: torch.Tensor, model_fp: str, model_name: str) -> None:
-    """``background``: [num_layers, hidden], row ``l - 1`` for layer ``l``."""
+def save(path: Path, *, backgrounds: dict[str, torch.Tensor], model_fp: str, model_name: str) -> None:
+    """``backgrounds``: by pooling (``--asks-pooling``), [num_layers, hidden], row ``l - 1`` for layer ``l``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"fingerprint": model_fp, "model": model_name, "background": background.half()}, path)
+    torch.save({"fingerprint": model_fp, "model": model_name,
+                "backgrounds": {k: v.half() for k, v in backgrounds.items()}}, path)
 
 
-def load(spec: str, model_fp: str | None, layers: tuple[int, ...]) -> torch.Tensor | None:
-    """[len(layers), hidden] float32 for ``--asks-background spec``, or None (raw cosines)."""
+def load(spec: str, model_fp: str | None, layers: tuple[int, ...], pooling: str = "mean") -> torch.Tensor | None:
+    """[len(layers), hidden] float32 for ``--asks-background spec`` and ``--asks-pooling``, or
+    None (raw cosines)."""
     if spec == "none":
         return None
     if spec == "auto":
@@ -57,7 +59,10 @@ def load(spec: str, model_fp: str | None, layers: tuple[int, ...]) -> torch.Tens
         if model_fp is not None and data["fingerprint"] != model_fp:
             raise ValueError(f"--asks-background {spec!r} was calibrated for model {data['model']!r} "
                              f"(fingerprint {data['fingerprint']}), not the served one ({model_fp})")
-    background = data["background"].float()
+    if pooling not in data.get("backgrounds", {}):
+        raise ValueError(f"--asks-background {spec!r} has no background for --asks-pooling {pooling} "
+                         f"(has {sorted(data.get('backgrounds', {}))}); rerun benchmarks.calibrate_asks")
+    background = data["backgrounds"][pooling].float()
     if max(layers) > background.shape[0]:
         raise ValueError(f"--asks-background has {background.shape[0]} layers; --asks-layers asks for {max(layers)}")
     return background[[layer - 1 for layer in layers]]

@@ -7,10 +7,11 @@ model's forward (the ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` entries of
 ``radix_ext.early_exit.TARGETS``) puts a capture plan on the EXTEND ``ForwardBatch``: the rows
 of the batch's flat token dimension that are each request's span. PyTorch forward hooks on the
 probed decoder layers (registered once per model) then read the layer's full hidden state
-(``residual_batch.snapshot``: output plus residual stream, no side effect) and mean-pool it over
-each span's rows. Nothing is read or written for batches without a plan, and the model's
+(``residual_batch.snapshot``: output plus residual stream, no side effect) and pool it over
+each span's rows (the gate's ``pooling``: their mean, or the last row). Nothing is read or written for batches without a plan, and the model's
 computation is never changed. ``radix_ext.backend`` moves the finished signature onto the tree
-node that ends at the span's end at the request's checkpoint.
+node that ends at the span's end at the request's checkpoint. Only commits that carry a
+substitution group are registered (``radix_ext.asks``), and the signature records that group.
 
 A chunked span (its prefill split over several forwards) gets no signature: a mean over its last
 chunk would not describe it. Neither does a commit that computes fewer than ``MIN_SPAN_TOKENS``
@@ -29,6 +30,7 @@ from radix_ext.asks_gate import Signature
 
 PLAN_ATTR = "rksc_asks_plan"  # on a ForwardBatch: list[_Pending]
 PENDING_ATTR = "rksc_asks_pending"  # on a Req: its _Pending until checkpoint
+GROUP_ATTR = "rksc_asks_group"  # on a registered Req: the substitution group its signature gets
 HOOKED_ATTR = "_rksc_asks_hooked"  # on a model: its layer hooks are registered
 # A commit of a span that is already cached computes only its last token: that is no span.
 MIN_SPAN_TOKENS = 2
@@ -41,18 +43,21 @@ _capturing: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionar
 class _Pending:
     """A span's per-layer means, filled layer by layer during one forward."""
 
-    def __init__(self, req, offset: int, start: int, length: int, layers: tuple[int, ...]):
+    def __init__(self, req, offset: int, start: int, length: int, layers: tuple[int, ...],
+                 group: str | None = None, pooling: str = "mean"):
         self.req, self.offset, self.start, self.length = req, offset, start, length
-        self.layers = layers
+        self.layers, self.group, self.pooling = layers, group, pooling
         self.vectors: list[torch.Tensor | None] = [None] * len(layers)
 
     def signature(self) -> Signature | None:
         if any(v is None for v in self.vectors):
             return None  # a forward that stopped early (never for captured batches) or failed
-        return Signature(torch.stack(self.vectors).half(), self.layers, self.start, self.length)
+        return Signature(torch.stack(self.vectors).half(), self.layers, self.start, self.length, self.group)
 
 
-def register(req) -> None:
+def register(req, group: str) -> None:
+    """Capture ``req``'s span for substitution group ``group`` (set on its signature)."""
+    setattr(req, GROUP_ATTR, group)
     _capturing[req.rid] = req
 
 
@@ -65,7 +70,7 @@ def take_signature(req) -> Signature | None:
     return pending.signature()
 
 
-def plan(forward_batch, layers: tuple[int, ...]) -> list[_Pending]:
+def plan(forward_batch, layers: tuple[int, ...], pooling: str = "mean") -> list[_Pending]:
     """The span rows of an EXTEND batch (empty for any other batch)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -78,22 +83,22 @@ def plan(forward_batch, layers: tuple[int, ...]) -> list[_Pending]:
         whole_span = req is not None and req.extend_end == len(req.full_untruncated_fill_ids) \
             and prefix_len == req.cached_tokens  # one chunk, starting where the cache hit ended
         if whole_span and length >= MIN_SPAN_TOKENS:
-            item = _Pending(req, offset, prefix_len, length, layers)
+            item = _Pending(req, offset, prefix_len, length, layers, getattr(req, GROUP_ATTR), pooling)
             setattr(req, PENDING_ATTR, item)
             pending.append(item)
         offset += length
     return pending
 
 
-def before_forward(layers_of):
+def before_forward(settings_of):
     """The BEFORE hook on a model's forward: plan the batch's captures, hook the layers once.
-    ``layers_of(model)``: the probed layers (empty: capture nothing)."""
+    ``settings_of(model)``: the probed layers (empty: capture nothing) and the pooling."""
 
     def hook(model, input_ids, positions, forward_batch, *args, **kwargs):
         if not _capturing:
             return None
-        layers = layers_of(model)
-        items = plan(forward_batch, layers) if layers else []
+        layers, pooling = settings_of(model)
+        items = plan(forward_batch, layers, pooling) if layers else []
         if items:
             if not getattr(model, HOOKED_ATTR, False):
                 _hook_layers(model, layers)
@@ -124,7 +129,8 @@ def _pool_hook(slot: int):
         state = residual_batch.snapshot(output, forward_batch)  # [tokens, hidden], a copy
         for item in items:
             span = state[item.offset: item.offset + item.length]
-            item.vectors[slot] = span.float().mean(dim=0).cpu()
+            pooled = span[-1].float() if item.pooling == "last" else span.float().mean(dim=0)
+            item.vectors[slot] = pooled.cpu()
         CAPTURE_SECONDS[0] += time.perf_counter() - started
         return None
 

@@ -1,8 +1,8 @@
 """ASKS's gate and span signatures, in pure torch (no SGLang): what the unit tests pin.
 
 A span's signature is, for each probed layer ``l`` (1-based; layer ``l`` is the output of the
-``l``-th decoder layer, residual stream included), the mean over the span's tokens of that full
-hidden state, kept in float16 on the host. Two spans' similarity is
+``l``-th decoder layer, residual stream included), that full hidden state pooled over the span's
+tokens (``--asks-pooling``: their mean, or the last token's state), kept in float16 on the host. Two spans' similarity is
 
     sigma = sum_l w_l cos(a_l - mu_l, b_l - mu_l) / sum_l w_l,   w_l = exp(alpha * l / L),
 
@@ -29,6 +29,7 @@ class Signature:
     layers: tuple[int, ...]
     start: int  # absolute token position of the span's first token
     length: int
+    group: str | None = None  # the substitution group of the commit that computed it (radix_ext.asks)
 
     @property
     def end(self) -> int:
@@ -68,6 +69,7 @@ class Gate:
     layers: tuple[int, ...]
     num_layers: int
     background: torch.Tensor | None = None  # [len(layers), hidden] float32, or None
+    pooling: str = "mean"  # how radix_ext.asks_capture pools a span: "mean" or "last" (its last token)
     weights: torch.Tensor = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -191,6 +191,7 @@ def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
     num_layers = ctx.model_config.num_hidden_layers
     layers = parse_layers(config.asks_layers, num_layers)
     model = getattr(getattr(ctx.tp_worker, "model_runner", None), "model", None)
-    background = asks_background.load(config.asks_background, asks_background.model_fingerprint(model), layers)
-    gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background)
+    background = asks_background.load(config.asks_background, asks_background.model_fingerprint(model), layers,
+                                      config.asks_pooling)
+    gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background, config.asks_pooling)
     return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20))

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 ENV_VAR = "RKSC_SGL_CONFIG"
+POOLINGS = ("mean", "last")  # --asks-pooling
 BACKEND_NAME = "rksc"
 
 
@@ -43,20 +44,25 @@ class RkscConfig:
     cgee_epsilon: float = 0.02
     cgee_min_layer: int = 30
     # ASKS (radix_ext.asks): a request whose cached opening span means the same as a sibling span
-    # (gate: weighted cosine of background-centred, mean-pooled full hidden states, weights
-    # exp(alpha * l / L) over the probed layers, sigma >= tau) adopts that span's tokens and reuses
-    # the KV below it. Defaults: benchmarks/results/asks_calibration.json (SmolLM2-135M, chosen on
-    # instruction families held apart from the paraphrase-sc workload). tau >= 1 never adopts.
+    # of its own substitution group (docs/asks.md) adopts that span's tokens and reuses the KV
+    # below it. Gate: weighted cosine of background-centred full hidden states of the span's last
+    # token, weights exp(alpha * l / L) over the probed layers, sigma >= tau; tau >= 1 never
+    # adopts. Defaults: benchmarks/results/asks_calibration.json (SmolLM2-135M). Chosen on
+    # calibration families and same-topic calibration controls, that gate (tau 0.413) accepted
+    # 5.6% of the held-out same-topic evaluation controls, over the 1% target; no signature of
+    # this model reaches the target at a useful recall, so tau is the safe one, above every
+    # control sigma seen (0.5956): 0 false accepts, 1 of 28 evaluation paraphrase pairs accepted.
     asks: bool = False
-    asks_tau: float = 0.287
-    asks_alpha: float = 0.0
-    asks_layers: str = "11-20"  # "all", or 1-based layer numbers and ranges: "10-30", "4,8,12"
+    asks_tau: float = 0.5956
+    asks_alpha: float = 1.0
+    asks_layers: str = "16-30"  # "all", or 1-based layer numbers and ranges: "10-30", "4,8,12"
     asks_min_tail: int = 16  # the donor's subtree must continue with >= this many of our tokens
     asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
     asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
     # The most samples one request may ask for (sampling_params.n, OpenAI n): SGLang expands a
     # request into n queued children, so an unbounded n holds the queue (radix_ext.request_guards).
     max_n: int = 64
+    asks_pooling: str = "last"  # a span's signature: "mean" over its tokens, or its "last" token's state
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -143,6 +149,8 @@ def _check_asks(config: RkscConfig) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"--asks-min-tail must be an int >= 1, got {value!r}")
     parse_layers(config.asks_layers)
+    if config.asks_pooling not in POOLINGS:
+        raise ValueError(f"--asks-pooling must be one of {', '.join(POOLINGS)}, got {config.asks_pooling!r}")
     if not isinstance(config.asks_background, str) or not config.asks_background:
         raise ValueError(f"--asks-background must be 'auto', 'none' or a file path, got {config.asks_background!r}")
 

@@ -16,6 +16,8 @@ the transport). They differ from SGLang's in these ways:
   ``StreamExecutor.fork`` reads ``text_`` before the executor thread has appended the pending
   expressions, so on a fresh state the prefix request was often skipped and sibling branches
   prefilled the prompt separately (``install_fork_prefix_fix``);
+* ``paraphrase_fork`` forks a program into branches that open with different wordings of one
+  instruction, commits their spans and declares them one ASKS substitution group;
 * a program's image (``sgl.image``) is sent as SGLang's endpoint sends it, to a model that reads
   images, and refused otherwise (SGLang itself drops it without a word);
 * ``RkscEngineEndpoint`` replaces the HTTP transport with ``Engine.async_generate(**body)`` on the
@@ -41,7 +43,7 @@ from sglang.lang.chat_template import get_chat_template, get_chat_template_by_mo
 from sglang.lang.global_config import global_config
 from sglang.utils import http_request
 
-from rksc_sgl.protocol import KV_POOL_KEY, BranchTag
+from rksc_sgl.protocol import KV_POOL_KEY, AsksOptions, BranchTag
 
 _OPTIONS_ATTR = "_rksc_options"
 _PROGRAM_ATTR = "_rksc_program_key"
@@ -109,6 +111,48 @@ def branch_tag(state) -> BranchTag | None:
     """The ``BranchTag`` set on ``state`` with ``branch_options``, if any."""
     executor = getattr(state, "stream_executor", state)
     return BranchTag.from_custom_params(getattr(executor, _OPTIONS_ATTR, {}).get("custom_params"))
+
+
+def paraphrase_fork(s, openers, tail: Any = "", *, group: str | None = None):
+    """Fork ``s`` into one branch per opener: branch ``i`` continues with ``openers[i]`` then
+    ``tail`` (a string or SGLang expression, the same for every branch), and the openers are
+    declared wordings that may stand in for one another (ASKS, ``docs/asks.md``).
+
+    Before it returns, it commits, as prefill-only requests of substitution group ``group``: each
+    distinct opener's span (``s``'s text + opener), then branch 0's full prompt. So every span has
+    a signature before any prompt containing it, and a later branch's gen (which carries the group
+    too) may adopt branch 0's wording and reuse the KV of its whole prompt. Only spans of
+    ``group`` are ever considered: ``group`` defaults to the program's routing key (a random id,
+    one per program); pass one id to several programs of yours to let them share spans, never a
+    name another client could guess. Returns the forks (SGLang's ``ProgramStateGroup``).
+    """
+    openers = list(openers)
+    if not openers or not all(isinstance(o, str) and o for o in openers):
+        raise ValueError(f"paraphrase_fork: openers must be a non-empty list of non-empty strings, got {openers!r}")
+    executor = s.stream_executor
+    backend = executor.backend
+    if not isinstance(backend, RkscEndpoint):
+        raise TypeError(f"paraphrase_fork needs an rksc-sgl backend (RkscEndpoint or RkscEngineEndpoint), "
+                        f"got {type(backend).__name__}")
+    group = program_key(executor) if group is None else group
+    params = AsksOptions(group=group).to_custom_params()
+    forks = s.fork(len(openers))
+    head = s.text()
+    for opener in dict.fromkeys(openers):
+        backend.prefill(head + opener, custom_params=params)
+    for fork, opener in zip(forks, openers):
+        fork += opener
+        fork += tail
+        _add_custom_params(fork.stream_executor, params)
+    backend.prefill(forks[0].text(), custom_params=params)
+    return forks
+
+
+def _add_custom_params(executor, entries: dict[str, Any]) -> None:
+    """Merge ``entries`` into the ``custom_params`` every later gen of ``executor`` sends."""
+    options = dict(getattr(executor, _OPTIONS_ATTR, {}))
+    options["custom_params"] = {**(options.get("custom_params") or {}), **entries}
+    setattr(executor, _OPTIONS_ATTR, options)
 
 
 def program_key(executor) -> str | None:

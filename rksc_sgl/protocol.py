@@ -11,8 +11,9 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
 * ``"rksc"`` (``BRANCH_KEY``): ``BranchTag``, a branch's fork depth and score (RSBCM eviction);
 * ``"rksc_early_exit"`` (``EXIT_KEY``): ``EarlyExitParams``, a verification request's logit-lens
   early exit (CGEE level 2);
-* ``"rksc_asks"`` (``ASKS_KEY``): ``AsksOptions``, a request's opt-out of ASKS span substitution
-  (``{"enabled": false}``);
+* ``"rksc_asks"`` (``ASKS_KEY``): ``AsksOptions``, a request's ASKS substitution group
+  (``{"group": "<id>"}``: without one a request is never rewritten) and its opt-out
+  (``{"enabled": false}``).
 * ``"rksc_group"`` (``GROUP_KEY``): ``GroupTag`` ``{"id": str, "index": int}``, the group a request
   belongs to (the forks of one program, or the children of one ``n > 1`` request, which the server
   stamps itself: ``radix_ext.groups``) and its index in it;
@@ -218,22 +219,36 @@ class EarlyExitParams:
         return cls(**values)
 
 
+GROUP_MAX_CHARS = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class AsksOptions:
-    """A request's ASKS options: ``enabled=False`` keeps its prompt exactly as sent."""
+    """A request's ASKS options. ``group``: its substitution group, the only spans it may adopt
+    a wording from (and the only requests its own span commits may donate to); a request without
+    one is never rewritten and its commits leave no signature (``docs/asks.md``).
+    ``enabled=False`` keeps its prompt exactly as sent."""
 
     enabled: bool = True
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"custom_params.{ASKS_KEY}.enabled must be true or false, got {self.enabled!r}")
+        if self.group is not None and (not isinstance(self.group, str)
+                                       or not 0 < len(self.group) <= GROUP_MAX_CHARS):
+            raise ValueError(f"custom_params.{ASKS_KEY}.group must be a string of 1 to {GROUP_MAX_CHARS} "
+                             f"characters, got {self.group!r}")
 
     def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {**(base or {}), ASKS_KEY: {"enabled": self.enabled}}
+        entry: dict[str, Any] = {"enabled": self.enabled}
+        if self.group is not None:
+            entry["group"] = self.group
+        return {**(base or {}), ASKS_KEY: entry}
 
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
-        values = _entry(custom_params, ASKS_KEY, ("enabled",))
+        values = _entry(custom_params, ASKS_KEY, ("enabled", "group"))
         return cls() if values is None else cls(**values)
 
 

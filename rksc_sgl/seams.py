@@ -26,6 +26,8 @@ CLIENT: dict[str, tuple[str, ...]] = {
         "sglang.lang.backend.runtime_endpoint.RuntimeEndpoint._assert_success",
         "sglang.lang.interpreter.StreamExecutor.fork",
         "sglang.utils.http_request",
+        "sglang.lang.interpreter.ProgramState.fork",  # paraphrase_fork
+        "sglang.lang.interpreter.ProgramState.text",
     ),
     "in-process engine": (
         "sglang.srt.entrypoints.engine.Engine._ensure_event_loop",

@@ -1,15 +1,21 @@
-"""ASKS in the real engine: identity at tau = 1, exact reuse when it adopts, reports, no leaks.
+"""ASKS in the real engine: identity at tau = 1, exact reuse when it adopts, reports, no leaks,
+and the trust boundary between substitution groups.
 
 Engines, one at a time beside the session's stock engine: ASKS at tau = 1 (must equal stock),
-then ASKS at its calibrated defaults with a small KV pool (so a run of several problems evicts).
+then ASKS with its calibrated signature but its gate wide open (tau = 0: every candidate passes)
+and a small KV pool (so a run of several problems evicts). The open gate exercises adoption
+whatever tau the calibration ships (the shipped, safe tau accepts few paraphrases), and leaves
+only the substitution groups to keep two programs' spans apart.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from programs.datasets import load
-from programs.paraphrase_sc import branch_program, exemplars_for, solve
+from programs.paraphrase_sc import exemplars_for, paraphrase_program, solve
 from programs.paraphrases import EVAL
 from programs.sampling import SamplingConfig
 from programs.sc import branch_seed, solve_batch as sc_solve_batch
@@ -24,7 +30,7 @@ CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed
 SHOTS = 3
 ENGINES = {
     "tau1": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_tau=1.0)),
-    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True)),
+    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True, asks_tau=0.0)),
 }
 
 
@@ -108,10 +114,10 @@ class TestAdoption:
         from programs.sc import user_prompt
 
         for b in (1, 3):
-            state = branch_program.run(system=EVAL.paraphrases[0], prompt=user_prompt(problem, exemplars),
-                                       gen_tokens=CONFIG.max_new_tokens, gen_temperature=CONFIG.temperature,
-                                       seed=branch_seed(CONFIG.seed, 0, b), backend=engine_backend)
-            assert state.ret_value[0] == result.branches[b].text
+            state = paraphrase_program.run(systems=[EVAL.paraphrases[0]], prompt=user_prompt(problem, exemplars),
+                                           gen_tokens=CONFIG.max_new_tokens, gen_temperature=CONFIG.temperature,
+                                           seeds=[branch_seed(CONFIG.seed, 0, b)], backend=engine_backend)
+            assert state.ret_value[0][0] == result.branches[b].text
 
     def test_runtime_sigma_matches_the_calibration_computation(self, adopted):
         """The same gate on transformers' hidden states of the same spans (how the defaults were
@@ -132,21 +138,23 @@ class TestAdoption:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         config = RkscConfig()
         layers = parse_layers(config.asks_layers, model.config.num_hidden_layers)
-        sig = signatures(model, AutoTokenizer.from_pretrained(path), list(EVAL.paraphrases[:2]))
-        background = asks_background.load("auto", asks_background.fingerprint(model.model.norm.weight), layers)
+        sig = signatures(model, AutoTokenizer.from_pretrained(path), list(EVAL.paraphrases[:2]), config.asks_pooling)
+        background = asks_background.load("auto", asks_background.fingerprint(model.model.norm.weight), layers,
+                                          config.asks_pooling)
         index = [layer - 1 for layer in layers]
         expected = similarity(sig[0][index], sig[1][index],
                               layer_weights(layers, model.config.num_hidden_layers, config.asks_alpha), background)
         assert report["sigma"] == pytest.approx(expected, abs=2e-3)
 
-    def test_control_instruction_is_not_adopted(self, adopted):
-        backend = adopted[0]
+    def test_control_instruction_sigma_is_below_the_shipped_tau(self, adopted):
+        backend, group = adopted[0], in_group(uuid.uuid4().hex)
         head, suffix = backend.chat_template.get_prefix_and_suffix("system", [])
         tail = f"{suffix}A request that only checks how the cache treats two different system messages."
-        backend.prefill(head + EVAL.controls[1])
-        backend.prefill(head + EVAL.controls[1] + tail)
-        report = backend.prefill(head + EVAL.paraphrases[1] + tail)[ASKS_KEY][0]
-        assert report["outcome"] == "gate" and report["sigma"] < report["tau"], report
+        backend.prefill(head + EVAL.controls[1], custom_params=group)
+        backend.prefill(head + EVAL.controls[1] + tail, custom_params=group)
+        backend.prefill(head + EVAL.paraphrases[5], custom_params=group)  # a wording the fixture did not commit
+        report = backend.prefill(head + EVAL.paraphrases[5] + tail, custom_params=group)[ASKS_KEY][0]
+        assert report["candidates"] == 1 and report["sigma"] < RkscConfig().asks_tau, report
 
     def test_request_can_opt_out(self, adopted):
         backend, problem, exemplars, _ = adopted
@@ -181,3 +189,72 @@ class TestAdoption:
         assert_no_kv_leak(backend)
         stats = asks_stats(backend)
         assert stats["signature_bytes"] == stats["live_signature_bytes"]
+
+
+def in_group(group: str) -> dict:
+    """custom_params of a request in ASKS substitution group ``group``."""
+    return {ASKS_KEY: {"group": group}}
+
+
+@pytest.fixture(scope="module")
+def open_gate(engines):
+    backend = engines.get("asks")
+    backend.flush_cache()
+    return backend
+
+
+class TestTrustBoundary:
+    """Two programs (clients) on one engine, each with its own substitution group, the gate open."""
+
+    def commit(self, backend, group: str, system: str, tail: str) -> dict:
+        """A program's span commit of ``system``, then its prompt ``system + tail``: the report."""
+        head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
+        backend.prefill(head + system, custom_params=in_group(group))
+        return backend.prefill(head + system + tail, custom_params=in_group(group))[ASKS_KEY][0]
+
+    def test_neither_program_adopts_the_others_span_while_each_substitutes_within_its_own(self, open_gate):
+        a, b = f"client-a-{uuid.uuid4().hex}", f"client-b-{uuid.uuid4().hex}"
+        suffix = open_gate.chat_template.get_prefix_and_suffix("system", [])[1]
+        tails = [f"{suffix}Request {i} of a test that two clients' system messages never stand in for each other."
+                 for i in range(2)]
+        self.commit(open_gate, a, EVAL.paraphrases[0], tails[0])  # A's prompt is cached ...
+        report = self.commit(open_gate, b, EVAL.paraphrases[1], tails[0])  # ... B's would adopt it
+        assert report["outcome"] == "no-donor" and not report["adopted"], report
+        self.commit(open_gate, b, EVAL.paraphrases[2], tails[1])  # and the reverse
+        report = self.commit(open_gate, a, EVAL.paraphrases[3], tails[1])
+        assert report["outcome"] == "no-donor" and not report["adopted"], report
+        for group, system, tail in ((a, EVAL.paraphrases[4], tails[0]), (b, EVAL.paraphrases[5], tails[1])):
+            report = self.commit(open_gate, group, system, tail)  # within one group: the donor is seen
+            assert report["candidates"] == 1 and report["outcome"] in ("adopted", "gate"), report
+            assert report["adopted"] == (report["sigma"] >= report["tau"]), report  # only the gate decides
+        assert_no_kv_leak(open_gate)
+
+    def test_request_without_a_group_is_never_rewritten(self, open_gate):
+        head, suffix = open_gate.chat_template.get_prefix_and_suffix("system", [])
+        tail = f"{suffix}A request of a test that a request without a group keeps its prompt as sent."
+        self.commit(open_gate, uuid.uuid4().hex, EVAL.paraphrases[0], tail)
+        open_gate.prefill(head + EVAL.paraphrases[1])
+        meta = open_gate.prefill(head + EVAL.paraphrases[1] + tail)
+        assert meta[ASKS_KEY][0]["outcome"] == "skipped:no-group"
+        assert meta["prompt_tokens"] == len(open_gate.token_ids(head + EVAL.paraphrases[1] + tail))
+
+    def test_paraphrase_programs_of_two_groups_adopt_only_their_own_wording(self, open_gate, problems,
+                                                                              engine_backend):
+        """Program A (wordings 0-3) runs first; program B (wordings 4-7), same problem and
+        exemplars, then sees only its own branch 0's wording as a donor: each of its branches is
+        decided by the gate against it, and each adopted branch equals a stock run on wording 4."""
+        from programs.sc import user_prompt
+
+        open_gate.flush_cache()
+        tests, pool = problems
+        exemplars = exemplars_for(tests[2], pool, SHOTS)
+        solve(tests[2], 0, exemplars, CONFIG, open_gate)
+        b = solve(tests[2], 0, exemplars, CONFIG, open_gate, paraphrases=EVAL.paraphrases[4:])
+        reports = [branch.asks for branch in b.branches[1:]]
+        assert all(r["candidates"] >= 1 and r["outcome"] in ("adopted", "gate") for r in reports), reports
+        for i in [i for i, r in enumerate(reports, 1) if r["adopted"]]:
+            state = paraphrase_program.run(systems=[EVAL.paraphrases[4]], prompt=user_prompt(tests[2], exemplars),
+                                           gen_tokens=CONFIG.max_new_tokens, gen_temperature=CONFIG.temperature,
+                                           seeds=[branch_seed(CONFIG.seed, 0, i)], backend=engine_backend)
+            assert state.ret_value[0][0] == b.branches[i].text
+        assert_no_kv_leak(open_gate)

@@ -108,3 +108,62 @@ class TestOptions:
         for bad in ({"rksc_asks": {"enabled": "no"}}, {"rksc_asks": {"on": False}}, {"rksc_asks": 3}):
             with pytest.raises(ValueError, match="custom_params.rksc_asks"):
                 AsksOptions.from_custom_params(bad)
+
+
+class TestGroupsAndPooling:
+    def test_group_round_trips_and_bad_groups_name_the_field(self):
+        params = AsksOptions(group="g-1").to_custom_params()
+        assert params == {"rksc_asks": {"enabled": True, "group": "g-1"}}
+        assert AsksOptions.from_custom_params(params).group == "g-1"
+        assert AsksOptions.from_custom_params(None).group is None  # no group: never rewritten
+        for bad in ("", 7, "x" * 129, ["g"]):
+            with pytest.raises(ValueError, match="custom_params.rksc_asks.group must be a string of 1 to 128"):
+                AsksOptions.from_custom_params({"rksc_asks": {"group": bad}})
+
+    def test_bad_pooling_names_the_flag(self):
+        with pytest.raises(ValueError, match="--asks-pooling must be one of mean, last"):
+            RkscConfig(asks_pooling="max")
+
+    def test_background_without_the_pooling_names_the_flag(self, tmp_path):
+        from radix_ext import asks_background
+
+        path = tmp_path / "bg.pt"
+        asks_background.save(path, backgrounds={"mean": torch.zeros(3, 4)}, model_fp="fp", model_name="m")
+        assert asks_background.load(str(path), "fp", (1, 3), "mean").shape == (2, 4)
+        with pytest.raises(ValueError, match="no background for --asks-pooling last"):
+            asks_background.load(str(path), "fp", (1, 3), "last")
+
+
+class TestProbeSimilarity:
+    """``benchmarks.calibrate_asks.probe_similarity``: 1 - JSD / ln 2 of two next-token distributions."""
+
+    def test_same_distribution_is_one_and_disjoint_ones_are_zero(self):
+        from benchmarks.calibrate_asks import probe_similarity
+
+        p = torch.log_softmax(torch.randn(50), dim=-1)
+        assert probe_similarity(p, p) == pytest.approx(1.0, abs=1e-6)
+        a = torch.log(torch.tensor([0.5, 0.5, 1e-30, 1e-30]))
+        b = torch.log(torch.tensor([1e-30, 1e-30, 0.5, 0.5]))
+        assert probe_similarity(a, b) == pytest.approx(0.0, abs=1e-6)
+
+    def test_symmetric_and_between_zero_and_one(self):
+        from benchmarks.calibrate_asks import probe_similarity
+
+        a, b = torch.log_softmax(torch.randn(50), dim=-1), torch.log_softmax(torch.randn(50), dim=-1)
+        assert probe_similarity(a, b) == pytest.approx(probe_similarity(b, a), abs=1e-6)
+        assert 0.0 < probe_similarity(a, b) < 1.0
+
+
+def test_calibration_cosine_matrices_give_the_gates_sigma():
+    """``benchmarks.calibrate_asks`` scores its grid from per-layer cosine matrices: the same sigma
+    as ``similarity`` on each pair, centred or raw, for any layer subset and alpha."""
+    from benchmarks.calibrate_asks import cosines
+
+    sig, background = torch.randn(5, 4, 16), torch.randn(4, 16)
+    index, weights = [1, 3], layer_weights((2, 4), 4, 2.0)
+    for bg in (None, background):
+        cos = cosines(sig, bg)
+        sigma = (weights[:, None, None] * cos[index]).sum(dim=0) / weights.sum()
+        for i, j in ((0, 1), (2, 4), (3, 3)):
+            expected = similarity(sig[i][index], sig[j][index], weights, None if bg is None else bg[index])
+            assert float(sigma[i, j]) == pytest.approx(expected, abs=1e-5)

@@ -28,6 +28,7 @@ SPAN_B = [20, 21, 22]  # means the same as A
 SPAN_C = [30, 31, 32]  # does not
 SPAN_A2 = [10, 14, 15]  # shares its first token with A, means the same
 TAIL = list(range(40, 50))
+GROUP, OTHER_GROUP = "program-a", "program-b"  # substitution groups (radix_ext.asks's trust boundary)
 
 torch.manual_seed(0)
 MEANING = torch.randn(len(LAYERS), 8)
@@ -43,10 +44,11 @@ def make(tau: float = 0.9, min_tail: int = 4, cap_bytes: int = 1 << 20) -> RkscR
     return RkscRadixCache(params, asks=AsksState(gate, min_tail, cap_bytes))
 
 
-def commit_span(cache, prefix: list[int], span: list[int], meaning: torch.Tensor):
-    """A prefill-only span commit whose prefill left a signature of ``meaning`` (plus noise)."""
+def commit_span(cache, prefix: list[int], span: list[int], meaning: torch.Tensor, group: str = GROUP):
+    """A prefill-only span commit of ``group`` whose prefill left a signature of ``meaning`` (plus noise)."""
     req = admit(cache, prefix + span)
-    pending = asks_capture._Pending(req, 0, req.prefix_len, len(prefix) + len(span) - req.prefix_len, LAYERS)
+    pending = asks_capture._Pending(req, 0, req.prefix_len, len(prefix) + len(span) - req.prefix_len, LAYERS,
+                                    group)
     pending.vectors = list(meaning + 0.01 * torch.randn_like(meaning))
     setattr(req, asks_capture.PENDING_ATTR, pending)
     return finish(cache, req)
@@ -85,7 +87,7 @@ class TestDecisions:
     def test_equivalent_span_adopts_the_donor_wording(self):
         cache = make()
         setup_tree(cache)
-        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         assert decision.adopted and decision.sigma > 0.9
         assert ids == HEAD + SPAN_A + TAIL
         assert (decision.span_start, decision.own_length, decision.donor_length) == (3, 3, 4)
@@ -93,35 +95,35 @@ class TestDecisions:
     def test_non_equivalent_span_is_rejected_by_the_gate(self):
         cache = make()
         setup_tree(cache)
-        decision, ids = decide(cache, HEAD + SPAN_C + TAIL, cache.asks.gate, cache.asks.min_tail)
+        decision, ids = decide(cache, HEAD + SPAN_C + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         assert decision.outcome == "gate" and ids is None and decision.candidates == 1
 
     def test_tau_one_never_adopts_even_identical_meaning(self):
         cache = make(tau=1.0)
         setup_tree(cache)
-        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         assert not decision.adopted and ids is None
 
     def test_donor_must_continue_with_our_tail_for_min_tail_tokens(self):
         cache = make(min_tail=4)
         setup_tree(cache)
         other_tail = TAIL[:3] + [99] * 7  # shares 3 < 4 tokens
-        decision, ids = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 4)
+        decision, ids = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 4, group=GROUP)
         assert decision.outcome == "no-donor" and ids is None
-        decision, _ = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 3)
+        decision, _ = decide(cache, HEAD + SPAN_B + other_tail, cache.asks.gate, 3, group=GROUP)
         assert decision.adopted
 
     def test_request_without_a_signed_span_or_tail_has_nothing_to_decide(self):
         cache = make()
         setup_tree(cache)
-        assert decide(cache, HEAD + [77, 78] + TAIL, cache.asks.gate, 4)[0].outcome == "no-span"
-        assert decide(cache, HEAD + SPAN_B + TAIL[:2], cache.asks.gate, 4)[0].outcome == "no-span"
+        assert decide(cache, HEAD + [77, 78] + TAIL, cache.asks.gate, 4, group=GROUP)[0].outcome == "no-span"
+        assert decide(cache, HEAD + SPAN_B + TAIL[:2], cache.asks.gate, 4, group=GROUP)[0].outcome == "no-span"
 
     def test_span_sharing_leading_tokens_with_the_donor_replaces_only_where_it_diverged(self):
         cache = make()
         setup_tree(cache)
         commit_span(cache, HEAD, SPAN_A2, MEANING)  # its commit found HEAD + [10] cached
-        decision, ids = decide(cache, HEAD + SPAN_A2 + TAIL, cache.asks.gate, cache.asks.min_tail)
+        decision, ids = decide(cache, HEAD + SPAN_A2 + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         assert decision.adopted and decision.span_start == 4
         assert ids == HEAD + SPAN_A + TAIL
 
@@ -132,33 +134,79 @@ class TestDecisions:
         commit_span(cache, HEAD, long_span, MEANING)
         commit_span(cache, HEAD, SPAN_B, MEANING)
         run_request(cache, HEAD + long_span + TAIL)
-        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)[0].outcome == "no-donor"
+        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)[0].outcome == "no-donor"
         commit_span(cache, HEAD, SPAN_A, MEANING)
         run_request(cache, HEAD + SPAN_A + TAIL)
-        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)[0].adopted
+        assert decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)[0].adopted
 
     def test_decision_is_read_only(self):
         cache = make()
         setup_tree(cache)
         before = snapshot(cache)
         for prompt in (HEAD + SPAN_B + TAIL, HEAD + SPAN_C + TAIL, HEAD + SPAN_A[:2] + TAIL):
-            decide(cache, prompt, cache.asks.gate, cache.asks.min_tail)
+            decide(cache, prompt, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         assert snapshot(cache) == before
 
     def test_adopted_request_matches_the_donor_path_and_a_later_evicted_donor_costs_only_reuse(self):
         cache = make()
         setup_tree(cache)
-        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         req = admit(cache, ids)
         assert req.prefix_len == len(ids) - 1  # donor span and tail served from the cache
         finish(cache, req, [7, 8])
         # decided, then the donor evicted before admission: the request computes it itself
-        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail)
+        _, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
         cache.evict(EvictParams(num_tokens=10_000))
         req = admit(cache, ids)
         assert req.prefix_len < len(HEAD) + len(SPAN_A)
         finish(cache, req)
         assert cache.asks.counters.signature_bytes == stats.live_signature_bytes(cache)
+
+
+class TestTrustBoundary:
+    """A request adopts only from spans its own substitution group committed."""
+
+    def test_another_groups_span_is_never_a_donor_even_where_the_gate_passes(self):
+        cache = make()
+        run_request(cache, HEAD)
+        commit_span(cache, HEAD, SPAN_A, MEANING, group=OTHER_GROUP)
+        run_request(cache, HEAD + SPAN_A + TAIL)  # the other group's full prompt
+        commit_span(cache, HEAD, SPAN_B, MEANING)
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
+        assert decision.outcome == "no-donor" and ids is None
+        # and the reverse: the other group's request does not see our span as its own
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail,
+                               group=OTHER_GROUP)
+        assert decision.outcome == "no-span" and ids is None
+
+    def test_same_group_still_substitutes_beside_another_group(self):
+        cache = make()
+        setup_tree(cache)
+        commit_span(cache, HEAD, [60, 61, 62], MEANING, group=OTHER_GROUP)
+        run_request(cache, HEAD + [60, 61, 62] + TAIL)  # would be a second candidate in one group
+        decision, ids = decide(cache, HEAD + SPAN_B + TAIL, cache.asks.gate, cache.asks.min_tail, group=GROUP)
+        assert decision.adopted and ids == HEAD + SPAN_A + TAIL and decision.candidates == 1
+
+    def test_request_without_a_group_is_never_rewritten_nor_signed(self):
+        cache = make()
+        setup_tree(cache)
+        req, recv, scheduler = created(cache, HEAD + SPAN_B + TAIL)
+        req.sampling_params.custom_params = None
+        asks._on_create(req, scheduler, recv)
+        assert getattr(req, asks.DECISION_ATTR).outcome == "skipped:no-group"
+        assert list(req.origin_input_ids) == HEAD + SPAN_B + TAIL
+        commit, recv, scheduler = created(cache, HEAD + [70, 71, 72])
+        commit.rid, commit.sampling_params.custom_params, commit.sampling_params.max_new_tokens = "c", None, 0
+        asks._on_create(commit, scheduler, recv)
+        assert "c" not in asks_capture._capturing  # a commit without a group leaves no signature
+
+    def test_span_commit_of_a_group_is_captured_for_that_group(self):
+        cache = make()
+        commit, recv, scheduler = created(cache, HEAD + [70, 71, 72])
+        commit.rid, commit.sampling_params.max_new_tokens = "c", 0
+        asks._on_create(commit, scheduler, recv)
+        assert asks_capture._capturing.pop("c") is commit
+        assert getattr(commit, asks_capture.GROUP_ATTR) == GROUP
 
 
 class TestSignatureLifetime:
@@ -233,11 +281,15 @@ class TestScheduler:
         assert cache.asks.counters.adopted == 1 and cache.asks.counters.requests == 1
 
 
+class FakeReq(types.SimpleNamespace):
+    """A ``Req`` stand-in (the fields the decision reads); weakly referable, as the capture registry needs."""
+
+
 def created(cache, prompt: list[int], return_logprob: bool = False):
-    """A just-created ``Req`` stand-in (the fields the decision reads), its ``recv_req`` and scheduler."""
-    req = types.SimpleNamespace(
+    """A just-created ``Req`` stand-in, its ``recv_req`` and scheduler."""
+    req = FakeReq(
         rid="r", origin_input_ids=array("q", prompt), extra_key=None, cache_salt=None,
-        sampling_params=types.SimpleNamespace(custom_params=None, max_new_tokens=4),
+        sampling_params=types.SimpleNamespace(custom_params={"rksc_asks": {"group": GROUP}}, max_new_tokens=4),
         input_embeds=None, positional_embed_overrides=None, token_type_ids=None, session=None,
         multi_item_delimiter_indices=None)
     req.origin_input_ids_unpadded = req.origin_input_ids

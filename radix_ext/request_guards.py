@@ -22,7 +22,9 @@ The set comes from what the scheduler indexes or sizes with request values:
   more than ``--max-queued-requests`` (the scheduler would refuse the rest one by one);
 * fields SGLang's ``/generate`` would silently drop: a top-level key that is not a
   ``GenerateReqInput`` field (``custom_params`` outside ``sampling_params``, a misspelt
-  ``top_logprob_num``), and ``best_of`` on ``/v1/completions`` (SGLang never reads it).
+  ``top_logprob_num``), and ``best_of`` on ``/v1/completions`` (SGLang never reads it). The one
+  top-level key let through is ``model``: sglang-router adds it to every body it forwards, and a
+  single-model server has nothing to choose with it.
 
 Each check runs in the process that holds SGLang's tokenizer manager (the engine or HTTP server
 process), where SGLang's own ValueErrors become HTTP 400s; the per-request checks are pure
@@ -93,12 +95,17 @@ def check_stop_token_ids(stop_token_ids, vocab_size: int) -> None:
                          f"vocabulary [0, {vocab_size})")
 
 
+# Top-level keys that /generate may carry and SGLang ignores by design: sglang-router forwards every
+# body with the served model's name in ``model`` (tests/integration/test_router.py fails without it).
+IGNORED_BY_DESIGN = frozenset({"model"})
+
+
 def unknown_field_error(body, known: frozenset[str], sampling_fields: frozenset[str]) -> str | None:
     """The reason a ``/generate`` body has a top-level key SGLang would drop, or None."""
     if not isinstance(body, dict):
         return None
     for key in body:
-        if key in known:
+        if key in known or key in IGNORED_BY_DESIGN:
             continue
         if key in sampling_fields:
             return (f"{key} is not a top-level field of /generate: put it inside sampling_params "

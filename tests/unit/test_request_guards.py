@@ -125,6 +125,9 @@ class TestUnknownFields:
     def test_an_unknown_top_level_field_is_named(self):
         assert "'top_logprob_num'" in unknown_field_error({"text": "hi", "top_logprob_num": 3}, KNOWN, SAMPLING)
 
+    def test_the_model_name_that_sglang_router_adds_passes(self):
+        assert unknown_field_error({"text": "hi", "model": "/models/SmolLM2"}, KNOWN, SAMPLING) is None
+
     @pytest.mark.parametrize("body", [{"text": "hi", "sampling_params": {"custom_params": {}}, "rid": "a"}, [], "x"])
     def test_known_fields_and_non_objects_pass(self, body):
         assert unknown_field_error(body, KNOWN, SAMPLING) is None  # non-objects: SGLang's contract check

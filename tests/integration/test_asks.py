@@ -196,6 +196,13 @@ def in_group(group: str) -> dict:
     return {ASKS_KEY: {"group": group}}
 
 
+def commit_span(backend, group: str, system: str, tail: str) -> dict:
+    """A program's span commit of ``system``, then its prompt ``system + tail``: the ASKS report."""
+    head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
+    backend.prefill(head + system, custom_params=in_group(group))
+    return backend.prefill(head + system + tail, custom_params=in_group(group))[ASKS_KEY][0]
+
+
 @pytest.fixture(scope="module")
 def open_gate(engines):
     backend = engines.get("asks")
@@ -206,25 +213,19 @@ def open_gate(engines):
 class TestTrustBoundary:
     """Two programs (clients) on one engine, each with its own substitution group, the gate open."""
 
-    def commit(self, backend, group: str, system: str, tail: str) -> dict:
-        """A program's span commit of ``system``, then its prompt ``system + tail``: the report."""
-        head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
-        backend.prefill(head + system, custom_params=in_group(group))
-        return backend.prefill(head + system + tail, custom_params=in_group(group))[ASKS_KEY][0]
-
     def test_neither_program_adopts_the_others_span_while_each_substitutes_within_its_own(self, open_gate):
         a, b = f"client-a-{uuid.uuid4().hex}", f"client-b-{uuid.uuid4().hex}"
         suffix = open_gate.chat_template.get_prefix_and_suffix("system", [])[1]
         tails = [f"{suffix}Request {i} of a test that two clients' system messages never stand in for each other."
                  for i in range(2)]
-        self.commit(open_gate, a, EVAL.paraphrases[0], tails[0])  # A's prompt is cached ...
-        report = self.commit(open_gate, b, EVAL.paraphrases[1], tails[0])  # ... B's would adopt it
+        commit_span(open_gate, a, EVAL.paraphrases[0], tails[0])  # A's prompt is cached ...
+        report = commit_span(open_gate, b, EVAL.paraphrases[1], tails[0])  # ... B's would adopt it
         assert report["outcome"] == "no-donor" and not report["adopted"], report
-        self.commit(open_gate, b, EVAL.paraphrases[2], tails[1])  # and the reverse
-        report = self.commit(open_gate, a, EVAL.paraphrases[3], tails[1])
+        commit_span(open_gate, b, EVAL.paraphrases[2], tails[1])  # and the reverse
+        report = commit_span(open_gate, a, EVAL.paraphrases[3], tails[1])
         assert report["outcome"] == "no-donor" and not report["adopted"], report
         for group, system, tail in ((a, EVAL.paraphrases[4], tails[0]), (b, EVAL.paraphrases[5], tails[1])):
-            report = self.commit(open_gate, group, system, tail)  # within one group: the donor is seen
+            report = commit_span(open_gate, group, system, tail)  # within one group: the donor is seen
             assert report["candidates"] == 1 and report["outcome"] in ("adopted", "gate"), report
             assert report["adopted"] == (report["sigma"] >= report["tau"]), report  # only the gate decides
         assert_no_kv_leak(open_gate)
@@ -232,7 +233,7 @@ class TestTrustBoundary:
     def test_request_without_a_group_is_never_rewritten(self, open_gate):
         head, suffix = open_gate.chat_template.get_prefix_and_suffix("system", [])
         tail = f"{suffix}A request of a test that a request without a group keeps its prompt as sent."
-        self.commit(open_gate, uuid.uuid4().hex, EVAL.paraphrases[0], tail)
+        commit_span(open_gate, uuid.uuid4().hex, EVAL.paraphrases[0], tail)
         open_gate.prefill(head + EVAL.paraphrases[1])
         meta = open_gate.prefill(head + EVAL.paraphrases[1] + tail)
         assert meta[ASKS_KEY][0]["outcome"] == "skipped:no-group"
@@ -258,3 +259,38 @@ class TestTrustBoundary:
                                            seeds=[branch_seed(CONFIG.seed, 0, i)], backend=engine_backend)
             assert state.ret_value[0][0] == b.branches[i].text
         assert_no_kv_leak(open_gate)
+
+
+@pytest.fixture(scope="module")
+def open_gate_server(tmp_path_factory):
+    """``python -m rksc_sgl.launch_server --asks --asks-tau 0``: one server, its gate open."""
+    from rksc_sgl.servers import http_server
+
+    args = ["--asks", "--asks-tau", "0", "--max-total-tokens", "4000", "--log-level", "warning"]
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("asks-server")) as url:
+        yield url
+
+
+def test_two_http_clients_of_one_server_never_adopt_each_others_spans(open_gate_server):
+    """Client A and client B, each its own ``RkscEndpoint`` and group, on one server whose gate
+    passes every sigma >= 0: B's opening never takes A's cached wording, nor the reverse, while each
+    client's next wording still finds its own first one as the donor, and only the gate decides
+    (some paraphrase pairs have sigma < 0). The in-process test above, over HTTP."""
+    from rksc_sgl import RkscEndpoint
+
+    a, b = RkscEndpoint(open_gate_server), RkscEndpoint(open_gate_server)
+    group_a, group_b = f"client-a-{uuid.uuid4().hex}", f"client-b-{uuid.uuid4().hex}"
+    suffix = a.chat_template.get_prefix_and_suffix("system", [])[1]
+    tails = [f"{suffix}Request {i} of two HTTP clients whose system messages never stand in for each other."
+             for i in range(2)]
+    commit_span(a, group_a, EVAL.paraphrases[0], tails[0])
+    report = commit_span(b, group_b, EVAL.paraphrases[1], tails[0])  # A's cached wording is not B's donor
+    assert report["outcome"] == "no-donor" and not report["adopted"], report
+    commit_span(b, group_b, EVAL.paraphrases[2], tails[1])
+    report = commit_span(a, group_a, EVAL.paraphrases[3], tails[1])  # nor B's A's
+    assert report["outcome"] == "no-donor" and not report["adopted"], report
+    for client, group, system, tail in ((a, group_a, EVAL.paraphrases[4], tails[0]),
+                                        (b, group_b, EVAL.paraphrases[5], tails[1])):
+        report = commit_span(client, group, system, tail)  # within a group the donor is there ...
+        assert report["candidates"] == 1 and report["outcome"] in ("adopted", "gate"), report
+        assert report["adopted"] == (report["sigma"] >= report["tau"]), report  # ... and only the gate decides

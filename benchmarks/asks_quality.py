@@ -14,10 +14,11 @@ Beside them, the noise floor: ROUGE-L between a substituted branch and branch 0 
 mode and problem (one prompt, two seeds), the comparison SGLang's fuzzy-match radix PR (#31057)
 reports its 0.88 floor for.
 
-``control_probe``: every evaluation paraphrase against every control instruction
-(``programs.paraphrases.EVAL.controls``) in the running engine, each control the only donor
-(its tail is unique to the pair): the runtime's false-accept rate (over the pairs where the
-control was a candidate) and sigmas.
+``control_probe``: every evaluation paraphrase against every control instruction in the running
+engine, the controls that change the topic (``programs.paraphrases.EVAL.controls``) and those that
+keep it and change what the answer must be (``EVAL_CONTROLS``), each control the only donor (its
+tail is unique to the pair): the runtime's false-accept rates (over the pairs where the control
+was a candidate) and sigmas.
 """
 
 from __future__ import annotations
@@ -89,33 +90,51 @@ def substitution_quality(results, exact_results) -> dict[str, Any]:
 
 
 def control_probe(backend) -> dict[str, Any]:
-    """The gate on every (paraphrase, control) pair, in the engine: false-accept rate and sigmas.
-    All of the probe's requests are one substitution group of their own (what a program that
-    declared controls and paraphrases interchangeable would send), so only the gate decides."""
+    """The gate on every (paraphrase, control) pair, in the engine: false-accept rates and sigmas,
+    for the controls that change the topic (``EVAL.controls``: ``asks_control_*``, ``asks_false_accept_rate``)
+    and for those that keep it and change the answer asked for (``EVAL_CONTROLS``, held out of the
+    gate's calibration: ``asks_same_topic_*``, per kind). All of the probe's requests are one
+    substitution group of their own (what a program that declared controls and paraphrases
+    interchangeable would send), so only the gate decides."""
+    import collections
     import uuid
 
-    from programs.paraphrases import EVAL
+    from programs.paraphrases import EVAL, EVAL_CONTROLS
     from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 
     group = AsksOptions(group=f"control-probe-{uuid.uuid4().hex}").to_custom_params()
     head, suffix = backend.chat_template.get_prefix_and_suffix("system", [])
     user = backend.chat_template.get_prefix_and_suffix("user", [])[0]
-    for text in EVAL.paraphrases + EVAL.controls:
+    controls = [("topic", text) for text in EVAL.controls]
+    controls += [(family.kind, text) for family in EVAL_CONTROLS for text in family.texts]
+    for text in EVAL.paraphrases + [text for _, text in controls]:
         backend.prefill(head + text, custom_params=group)
-    accepted, sigmas = 0, []
-    for j, control in enumerate(EVAL.controls):
+    accepted, sigmas = collections.Counter(), collections.defaultdict(list)
+    for j, (kind, control) in enumerate(controls):
         for i, paraphrase in enumerate(EVAL.paraphrases):
             tail = (f"{suffix}{user}Probe {j}.{i}: this is a control request that only checks whether "
                     f"two different system messages are treated as the same one.")
             backend.prefill(head + control + tail, custom_params=group)
             report = (backend.prefill(head + paraphrase + tail, custom_params=group).get(ASKS_KEY) or [{}])[0]
-            accepted += bool(report.get("adopted"))
+            # A pair is probed when the control was a candidate donor at all: a paraphrase whose
+            # span starts after words it shares with other paraphrases ("You are a ...") cannot
+            # take a control that does not share them, whatever the gate says.
             if report.get("sigma") is not None:
-                sigmas.append(report["sigma"])
-    pairs = len(EVAL.controls) * len(EVAL.paraphrases)
-    # A pair is probed when the control was a candidate donor at all: a paraphrase whose span
-    # starts after words it shares with other paraphrases ("You are a ...") cannot take a control
-    # that does not share them, whatever the gate says.
-    return {"asks_control_pairs": pairs, "asks_control_probed": len(sigmas),
-            "asks_false_accept_rate": round(accepted / len(sigmas), 4) if sigmas else None,
-            "asks_control_sigma_max": round(max(sigmas), 4) if sigmas else None}
+                sigmas[kind].append(report["sigma"])
+                accepted[kind] += bool(report.get("adopted"))
+
+    def rate(hits: int, n: int) -> float | None:
+        return round(hits / n, 4) if n else None
+
+    same = [k for k in sigmas if k != "topic"]
+    same_sigmas = [x for k in same for x in sigmas[k]]
+    same_pairs = sum(len(f.texts) for f in EVAL_CONTROLS) * len(EVAL.paraphrases)
+    return {"asks_control_pairs": len(EVAL.controls) * len(EVAL.paraphrases),
+            "asks_control_probed": len(sigmas["topic"]),
+            "asks_false_accept_rate": rate(accepted["topic"], len(sigmas["topic"])),
+            "asks_control_sigma_max": round(max(sigmas["topic"]), 4) if sigmas["topic"] else None,
+            "asks_same_topic_pairs": same_pairs, "asks_same_topic_probed": len(same_sigmas),
+            "asks_same_topic_false_accepts": sum(accepted[k] for k in same),
+            "asks_same_topic_false_accept_rate": rate(sum(accepted[k] for k in same), len(same_sigmas)),
+            "asks_same_topic_false_accept_by_kind": {k: rate(accepted[k], len(sigmas[k])) for k in sorted(same)},
+            "asks_same_topic_sigma_max": round(max(same_sigmas), 4) if same_sigmas else None}

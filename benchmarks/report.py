@@ -167,13 +167,17 @@ def asks_table(rows: list[dict]) -> list[str]:
            "output columns):", "",
            "| dataset | mode | substituted branches | prefill tokens x exact | reused tokens | wall x exact "
            "| branch answer agrees | ROUGE-L vs own wording | ROUGE-L two seeds, one prompt | first-token KL "
-           "| mean abs dlogprob (16) | control false accepts (probed pairs) | ASKS scheduler time, % of wall |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| mean abs dlogprob (16) | topic-control false accepts (probed pairs) "
+           "| same-topic control false accepts (probed pairs) | ASKS scheduler time, % of wall |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:
         ref = exact.get(r["dataset"])
         prefill = r["prefill_tokens"] / ref["prefill_tokens"] if ref and ref.get("prefill_tokens") else None
         far = r.get("asks_false_accept_rate")
         probed = f"{far:.3f} ({r.get('asks_control_probed')} of {r.get('asks_control_pairs')})" if far is not None else "-"
+        same = r.get("asks_same_topic_false_accept_rate")  # runs before the same-topic probe have none
+        same = (f"{same:.3f} ({r.get('asks_same_topic_probed')} of {r.get('asks_same_topic_pairs')})"
+                if same is not None else "-")
         overhead = r.get("asks_overhead_s")
         overhead = None if overhead is None or not r.get("wall_s") else 100 * overhead / r["wall_s"]
         out.append(
@@ -182,6 +186,7 @@ def asks_table(rows: list[dict]) -> list[str]:
             f"| {_fmt(r.get('branch_answer_agreement_vs_exact'), '.2f')} "
             f"| {_fmt(r.get('asks_rouge_l_vs_own_wording'), '.3f')} | {_fmt(r.get('asks_rouge_l_two_seeds_one_prompt'), '.3f')} "
             f"| {_fmt(r.get('asks_first_token_kl'), '.3f')} | {_fmt(r.get('asks_mean_abs_dlogprob_16'), '.3f')} | {probed} "
+            f"| {same} "
             f"| {_fmt(overhead, '.2f')} |")
     return out
 

@@ -75,7 +75,12 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
     if r.get("asks_substituted_branches") is not None:
         exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
         share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
-        return f"{sum(x['asks_substituted_branches'] for x in mine)} branches adopted a sibling's span; prefill {share:.2f}x"
+        did = f"{sum(x['asks_substituted_branches'] for x in mine)} branches adopted a sibling's span; prefill {share:.2f}x"
+        probed = [x for x in mine if x.get("asks_same_topic_probed")]
+        if probed:  # the gate's false accepts on held-out same-topic controls, in the same engine
+            hits, n = sum(x["asks_same_topic_false_accepts"] for x in probed), sum(x["asks_same_topic_probed"] for x in probed)
+            did += f"; same-topic controls accepted {hits}/{n}"
+        return did
     errors = [x for x in mine if x.get("cgee_errors") is not None]
     if errors:
         e, n = sum(x["cgee_errors"] for x in errors), sum(x["n_problems"] for x in errors)

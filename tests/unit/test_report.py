@@ -73,12 +73,17 @@ def test_asks_table_reports_prefill_against_exact_and_the_output_measures():
                 "asks_substituted_branches": 7, "asks_reused_tokens": 2800, "asks_rouge_l_vs_own_wording": 0.41,
                 "asks_rouge_l_two_seeds_one_prompt": 0.39, "asks_first_token_kl": 0.12,
                 "asks_mean_abs_dlogprob_16": 0.3, "asks_false_accept_rate": 0.0, "asks_control_probed": 48,
-                "asks_control_pairs": 64, "branch_answer_agreement_vs_exact": 0.5, "asks_overhead_s": 1.6}
+                "asks_control_pairs": 64, "branch_answer_agreement_vs_exact": 0.5, "asks_overhead_s": 1.6,
+                "asks_same_topic_false_accept_rate": 0.0125, "asks_same_topic_probed": 80,
+                "asks_same_topic_pairs": 160}
     for r in base:
         r["prefill_tokens"] = 1000
     text = section(base + [asks_row])
     assert "| gsm8k | asks-only | 7 | 0.25 | 2800 |" in text
-    assert "0.410 | 0.390 | 0.120 | 0.300 | 0.000 (48 of 64) | 1.00 |" in text  # 1.6 s of a 160 s wall
+    # 1.6 s of a 160 s wall; the same-topic column beside the topic one
+    assert "0.410 | 0.390 | 0.120 | 0.300 | 0.000 (48 of 64) | 0.013 (80 of 160) | 1.00 |" in text
+    del asks_row["asks_same_topic_false_accept_rate"]  # a run from before the same-topic probe
+    assert "| 0.000 (48 of 64) | - | 1.00 |" in section(base + [asks_row])
     assert "ASKS" not in section(base)
 
 
@@ -127,3 +132,15 @@ def test_all_takes_no_results_file(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["benchmarks/results/tot.jsonl", "--all"])
     assert exc.value.code == 2 and "--all" in capsys.readouterr().err
+
+
+def test_the_summary_says_how_many_same_topic_controls_the_asks_gate_accepted():
+    from benchmarks.tables import _did
+
+    exact = {"dataset": "gsm8k", "mode": "exact", "prefill_tokens": 1000}
+    asks = {"dataset": "gsm8k", "mode": "asks-only", "prefill_tokens": 800, "asks_substituted_branches": 12,
+            "asks_same_topic_false_accepts": 1, "asks_same_topic_probed": 80}
+    assert _did([exact, asks], [asks]) == ("12 branches adopted a sibling's span; prefill 0.80x; "
+                                           "same-topic controls accepted 1/80")
+    older = {k: v for k, v in asks.items() if not k.startswith("asks_same_topic")}
+    assert _did([exact, older], [older]).endswith("prefill 0.80x")

@@ -43,10 +43,11 @@ def test_the_report_prints_each_speed_up_beside_its_agreement(capsys):
     bon = [{"mode": "full", "n_problems": 8, "verify_wall_s": 2.0, "accuracy": 0.25},
            {"mode": "cgee", "n_problems": 8, "verify_wall_s": 1.6, "accuracy": 0.25, "cgee_errors": 1,
             "cgee_skip_rate": 0.25, "cgee_mean_exit_layer": None}]
-    report(exact, ours, bon)
+    report(exact, ours, bon, {"full": 900, "cgee": 640})
     out = capsys.readouterr().out
     assert "2.50x  votes agree 1/1, branch answers 1/2" in out
     assert "1.25x  answers agree 1/1; correct 1 vs 1" in out
     assert "1.25x  decisions differ from full depth 1/8; correct 2 vs 2" in out
     assert "1 of 2 branches adopted branch 0's wording" in out and "prefill 300 vs 800 tokens" in out
     assert "skipped 2 of 8 verifications" in out
+    assert "verification prefill 640 vs 900 tokens at full depth" in out

@@ -7,8 +7,9 @@ Each runs
 * paraphrase self-consistency (``programs.paraphrase_sc``): every branch opens with its own
   wording of the system message, so exact caching recomputes each branch's prompt; ASKS lets a
   branch adopt branch 0's wording when the gate finds the two alike, and reports each substitution;
-* tree of thoughts (``programs.tot``) with the pool smaller than the tree, branch scores reported:
-  RSBCM evicts deep, low-scoring thoughts first, LRU whatever is oldest;
+* tree of thoughts (``programs.tot``, only with ``--tot-problems N``: at the demo's size RSBCM and
+  LRU evict the same and the workload adds half a minute) with the pool smaller than the tree,
+  branch scores reported: RSBCM evicts deep, low-scoring thoughts first, LRU whatever is oldest;
 
 then, on the ``rksc`` engine, best-of-N with the verifier (``benchmarks.bon_verify``): the same
 candidates verified at full depth and with CGEE (skip when confidently ahead, early exit), and
@@ -39,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m programs.demo", description=__doc__.splitlines()[0])
     p.add_argument("--sc-problems", type=int, default=2, help="paraphrase self-consistency problems (default: %(default)s)")
     p.add_argument("--branches", type=int, default=4, help="branches per paraphrase problem (default: %(default)s)")
-    p.add_argument("--tot-problems", type=int, default=3, help="tree-of-thoughts problems (default: %(default)s)")
+    p.add_argument("--tot-problems", type=int, default=0,
+                   help="tree-of-thoughts problems, RSBCM against LRU (default: %(default)s, not run)")
     p.add_argument("--bon-problems", type=int, default=6, help="best-of-N problems, MMLU-STEM (default: %(default)s)")
     p.add_argument("--max-total-tokens", type=int, default=1100,
                    help="KV pool of both engines, in tokens: smaller than the trees (default: %(default)s)")
@@ -47,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-path", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--verbose", action="store_true", help="keep SGLang's and third-party warnings")
     args = p.parse_args(argv)
-    for flag in ("sc_problems", "branches", "tot_problems", "bon_problems"):
+    if args.tot_problems < 0:
+        p.error(f"--tot-problems must be >= 0 (0: not run), got {args.tot_problems}")
+    for flag in ("sc_problems", "branches", "bon_problems"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.branches < 2:
@@ -132,12 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     workloads = {
         "paraphrase self-consistency": lambda b: timed(b, lambda: paraphrase_sc.solve_batch(
             sc_problems, exemplar_pool, SC_SHOTS, sc_config, b, max_concurrency=1)),
-        "tree of thoughts": lambda b: timed(b, lambda: tot.solve_batch(tot_problems, tot_config, b)),
     }
+    if tot_problems:
+        workloads["tree of thoughts"] = lambda b: timed(b, lambda: tot.solve_batch(tot_problems, tot_config, b))
     print(f"stock SGLang (exact) and rksc side by side, in-process on the CPU, KV pool {args.max_total_tokens} "
           f"tokens in both engines:\n  paraphrase self-consistency: {len(sc_problems)} GSM8K problems x {args.branches} branches, each "
-          f"branch its own wording of the system message\n  tree of thoughts: {len(tot_problems)} GSM8K problems at "
-          f"once, thoughts scored by the model\n  best-of-4 with the verifier: {len(bon_problems)} MMLU-STEM problems\n",
+          f"branch its own wording of the system message\n"
+          + (f"  tree of thoughts: {len(tot_problems)} GSM8K problems at once, thoughts scored by the model\n"
+             if tot_problems else "")
+          + f"  best-of-4 with the verifier: {len(bon_problems)} MMLU-STEM problems\n",
           flush=True)
     exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(), workloads, args)
     # Every candidate verified at full depth and with CGEE, twice, in both orders (under the small pool
@@ -157,7 +164,7 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
     """The side-by-side table, then what each mechanism did (``verify_prefill``: the prompt tokens
     each verification mode computed, over its phases)."""
     sc_e, sc_o = exact["paraphrase self-consistency"], ours["paraphrase self-consistency"]
-    tot_e, tot_o = exact["tree of thoughts"], ours["tree of thoughts"]
+    tot_e, tot_o = exact.get("tree of thoughts"), ours.get("tree of thoughts")  # only with --tot-problems
     full, cgee = (next(r for r in bon_rows if r["mode"] == m) for m in ("full", "cgee"))
 
     def branches(timed_run):
@@ -165,19 +172,20 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
 
     sc_votes = sum(a.answer == b.answer for a, b in zip(sc_e.results, sc_o.results))
     sc_agree = sum(a.answer == b.answer for a, b in zip(branches(sc_e), branches(sc_o)))
-    tot_agree = sum(a.answer == b.answer for a, b in zip(tot_e.results, tot_o.results))
-    n_sc, n_tot, n_bon = len(sc_e.results), len(tot_e.results), full["n_problems"]
+    n_sc, n_bon = len(sc_e.results), full["n_problems"]
     rows = [
         ("paraphrase self-consistency", "ASKS", "exact", sc_e.wall_s, sc_o.wall_s,
          f"votes agree {fraction(sc_votes, n_sc)}, branch answers {fraction(sc_agree, len(branches(sc_e)))}; "
          f"correct {sum(r.correct for r in sc_o.results)} vs {sum(r.correct for r in sc_e.results)}"),
-        ("tree of thoughts, pool < tree", "RSBCM", "exact", tot_e.wall_s, tot_o.wall_s,
-         f"answers agree {fraction(tot_agree, n_tot)}; correct {sum(r.correct for r in tot_o.results)} vs "
-         f"{sum(r.correct for r in tot_e.results)}"),
         ("best-of-4, verification", "CGEE", "full depth", full["verify_wall_s"], cgee["verify_wall_s"],
          f"decisions differ from full depth {fraction(cgee['cgee_errors'], n_bon)}; correct "
          f"{round(cgee['accuracy'] * n_bon)} vs {round(full['accuracy'] * n_bon)}"),
     ]
+    if tot_e is not None:
+        tot_agree = sum(a.answer == b.answer for a, b in zip(tot_e.results, tot_o.results))
+        rows.insert(1, ("tree of thoughts, pool < tree", "RSBCM", "exact", tot_e.wall_s, tot_o.wall_s,
+                        f"answers agree {fraction(tot_agree, len(tot_e.results))}; correct "
+                        f"{sum(r.correct for r in tot_o.results)} vs {sum(r.correct for r in tot_e.results)}"))
     print(f"{'workload':30} {'mechanism':9} {'baseline':10} {'base s':>7} {'rksc s':>7} {'speed-up':>8}  "
           "agreement / accuracy (rksc vs baseline)")
     for label, mechanism, baseline, base_s, our_s, quality in rows:
@@ -190,7 +198,8 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
           + (f" (sigma {min(sigmas):.2f}-{max(sigmas):.2f} >= tau {adopted[0]['tau']:.3f}), "
              f"{sum(x.get('reused_tokens', 0) for x in adopted):,} prompt tokens served from its KV" if adopted else "")
           + f"; prefill {sc_o.prefill_tokens:,} vs {sc_e.prefill_tokens:,} tokens")
-    print(f"RSBCM: prefill {tot_o.prefill_tokens:,} vs {tot_e.prefill_tokens:,} tokens under the same pool")
+    if tot_e is not None:
+        print(f"RSBCM: prefill {tot_o.prefill_tokens:,} vs {tot_e.prefill_tokens:,} tokens under the same pool")
     exit_layer = cgee["cgee_mean_exit_layer"]
     print(f"CGEE: skipped {round(cgee['cgee_skip_rate'] * n_bon)} of {n_bon} verifications"
           + (f"; the others exited at layer {exit_layer:.0f} on average (SmolLM2-135M's logit lens settles only "

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_demo_runs_every_workload_and_prints_each_speed_up_beside_its_agreement():
-    argv = ["--sc-problems", "1", "--branches", "2", "--tot-problems", "1", "--bon-problems", "1"]
+    argv = ["--sc-problems", "1", "--branches", "2", "--tot-problems", "1", "--bon-problems", "1"]  # every workload
     done = subprocess.run([sys.executable, "-m", "programs.demo", *argv], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,7 +8,7 @@ from programs.demo import parse_args
 
 
 @pytest.mark.parametrize("argv, flag", [(["--sc-problems", "0"], "--sc-problems"),
-                                        (["--tot-problems", "0"], "--tot-problems"),
+                                        (["--tot-problems", "-1"], "--tot-problems"),
                                         (["--bon-problems", "-1"], "--bon-problems"),
                                         (["--branches", "1"], "--branches"),
                                         (["--max-total-tokens", "100"], "--max-total-tokens")])
@@ -21,7 +21,7 @@ def test_a_bad_value_names_its_flag(argv, flag, capsys):
 
 def test_the_defaults_are_valid():
     args = parse_args([])
-    assert min(args.sc_problems, args.tot_problems, args.bon_problems) >= 1 and args.branches >= 2
+    assert min(args.sc_problems, args.bon_problems) >= 1 and args.tot_problems >= 0 and args.branches >= 2
     assert 1024 <= args.max_total_tokens
 
 
@@ -51,3 +51,8 @@ def test_the_report_prints_each_speed_up_beside_its_agreement(capsys):
     assert "1 of 2 branches adopted branch 0's wording" in out and "prefill 300 vs 800 tokens" in out
     assert "skipped 2 of 8 verifications" in out
     assert "verification prefill 640 vs 900 tokens at full depth" in out
+    for label in ("tree of thoughts",):  # the default run leaves tree of thoughts out: no RSBCM line
+        del exact[label], ours[label]
+    report(exact, ours, bon)
+    out = capsys.readouterr().out
+    assert "RSBCM" not in out and "2.50x  votes agree 1/1" in out and "verification prefill" not in out

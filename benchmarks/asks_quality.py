@@ -107,7 +107,7 @@ def control_probe(backend) -> dict[str, Any]:
     user = backend.chat_template.get_prefix_and_suffix("user", [])[0]
     controls = [("topic", text) for text in EVAL.controls]
     controls += [(family.kind, text) for family in EVAL_CONTROLS for text in family.texts]
-    for text in EVAL.paraphrases + [text for _, text in controls]:
+    for text in [*EVAL.paraphrases, *(text for _, text in controls)]:
         backend.prefill(head + text, custom_params=group)
     accepted, sigmas = collections.Counter(), collections.defaultdict(list)
     for j, (kind, control) in enumerate(controls):

@@ -112,9 +112,10 @@ class Cluster:
         self.python = router_python(python)
         from rksc_sgl.launch_server import flag_value
 
-        env = worker_env(workers, flag_value(worker_args, "device") in (None, "cpu"))
-        self.workers = [servers.spawn("rksc_sgl.launch_server", worker_args, self.log_dir / f"worker{i}.log", env)
-                        for i in range(workers)]
+        self.worker_args = list(worker_args)
+        self.env = worker_env(workers, flag_value(worker_args, "device") in (None, "cpu"))
+        self.workers = [servers.spawn("rksc_sgl.launch_server", self.worker_args, self.log_dir / f"worker{i}.log",
+                                      self.env) for i in range(workers)]
         self.router = None
         try:
             for i, (proc, url) in enumerate(self.workers):
@@ -131,13 +132,15 @@ class Cluster:
     def worker_urls(self) -> list[str]:
         return [url for _, url in self.workers]
 
-    def start_router(self, policy: str = "pinned", host: str = "127.0.0.1", port: int | None = None) -> str:
-        """Start sglang-router with ``policy`` in front of the workers; its URL once it routes."""
+    def start_router(self, policy: str = "pinned", host: str = "127.0.0.1", port: int | None = None,
+                     router_args: list[str] = ()) -> str:
+        """Start sglang-router with ``policy`` (and sglang-router flags ``router_args``) in front of
+        the workers; its URL once it routes."""
         if policy not in POLICIES:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.stop_router()
         port = port or servers.free_port()
-        args = ["--worker-urls", *self.worker_urls, *POLICIES[policy], "--log-level", "warn"]
+        args = ["--worker-urls", *self.worker_urls, *POLICIES[policy], *router_args, "--log-level", "warn"]
         log = self.log_dir / f"router-{policy}.log"
         self.router, url = servers.spawn("sglang_router.launch_router", args, log, python=self.python, port=port,
                                          host=host)
@@ -147,6 +150,29 @@ class Cluster:
             self.stop_router()
             raise RuntimeError(f"sglang-router failed to route; log:\n{log.read_text()[-3000:]}") from None
         return url
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker ``i`` and every process it started (its scheduler, detokenizer): a crash."""
+        import psutil
+
+        proc = self.workers[i][0]
+        try:
+            tree = psutil.Process(proc.pid)
+            for p in [*tree.children(recursive=True), tree]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+        except psutil.NoSuchProcess:
+            pass
+        proc.wait()
+
+    def restart_worker(self, i: int, timeout_s: float = 300) -> None:
+        """Start worker ``i`` again, on its old port (the router knows it by URL), until it serves."""
+        url = self.workers[i][1]
+        log = self.log_dir / f"worker{i}-restart.log"
+        proc, _ = servers.spawn("rksc_sgl.launch_server", self.worker_args, log, self.env,
+                                port=int(url.rsplit(":", 1)[1]))
+        self.workers[i] = (proc, url)
+        servers.wait_healthy(url, proc, timeout_s)
 
     def flush(self) -> None:
         """Empty every worker's radix cache (between measured runs)."""

@@ -172,7 +172,7 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
             counters = backend.reset_counters()
             if run.reference_tokens is not None:  # the mode's own work, apart from the reference pass
                 counters = counters - run.reference_tokens
-            pool = backend.kv_pool()
+            pool = run.pool or backend.kv_pool()
             raw[name] = {"wall": wall, "run": run, "counters": counters, "reference": run.reference_tokens,
                          "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool,
                          "max_total_tokens": max_total_tokens}

@@ -68,6 +68,7 @@ class WorkloadRun:
     # tokens those measurements sent (a frontend TokenCounters), subtracted from the mode's counters.
     reference_s: float = 0.0
     reference_tokens: Any = None
+    pool: dict[str, int] | None = None  # the KV pool when the mode's work ended, if a reference step ran after it
     details: Any = None  # the program's own per-problem results, for comparisons across modes
 
 
@@ -171,15 +172,21 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
              "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}
     if asks_on:  # scheduler time in ASKS's decisions and signature capture during the run
         stats["asks_overhead_s"] = round(_asks_seconds(backend) - before, 3)
-    reference_s = 0.0
+    reference_s, reference_tokens, pool = 0.0, None, None
     if asks_on:
-        t0 = time.perf_counter()
+        # The probe's spans are the workload's own paraphrases, already cached under the run's group
+        # (a cached span is never signed again, docs/asks.md): it runs on an empty tree, after the
+        # run's pool is read, and neither its time nor its tokens count as the mode's.
+        pool, t0, tokens = backend.kv_pool(), time.perf_counter(), backend.counters_snapshot()
+        backend.flush_cache()
         stats.update(control_probe(backend))
-        reference_s = time.perf_counter() - t0
+        reference_s, reference_tokens = time.perf_counter() - t0, backend.counters_snapshot() - tokens
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [[b.answer for b in r.branches] for r in results],
-                       [[digest(b.text) for b in r.branches] for r in results], stats,
-                       reference_s=reference_s, details=results)
+                       [[digest(b.text) for b in r.branches] for r in results],
+                       branch_tokens=[[len(b.token_logprobs or ()) for b in r.branches] for r in results],
+                       stats=stats, reference_s=reference_s, reference_tokens=reference_tokens, pool=pool,
+                       details=results)
 
 
 def _asks_seconds(backend) -> float:

@@ -13,15 +13,17 @@ touching the router, and records when the router lists it healthy again and rout
 it.
 
 The report (programs completed on their first try and after a retry, failed, hung, the errors
-clients saw, the seconds to detection and to recovery) is printed as JSON and appended to
-``benchmarks/results/faults.jsonl``. The exit status is 1 if a program was lost or hung, or the
-worker did not rejoin.
+clients saw, the KV that the victim's running requests held when it died, the seconds to
+detection and to recovery) is printed as JSON and appended to
+``benchmarks/results/faults.jsonl``. The exit status is 1 if a program was lost or hung, the
+worker did not rejoin, or it held no running request's KV when it died (the run proved nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -33,8 +35,9 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.load import prompts
+from benchmarks.load import LoadSettings, prompts
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from rksc_sgl import servers
 from rksc_sgl.frontend import RkscEndpoint
 
 RESULTS = Path("benchmarks/results/faults.jsonl")
@@ -64,9 +67,10 @@ class FaultSettings:
         for name in ("programs", "forks", "max_new_tokens", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("kill_after_s", "program_retries", "shots"):
+        for name, flag in (("kill_after_s", "--kill-after"), ("program_retries", "--program-retries"),
+                           ("shots", "--shots")):
             if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"{flag} must be >= 0, got {getattr(self, name)}")
         if self.timeout_s <= 0:
             raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
 
@@ -94,8 +98,7 @@ def run_programs(router: str, settings: FaultSettings, on_progress=None) -> dict
     """Every program through the router, each retried from its start on failure; the tally."""
     from programs.sc import branch_seed, sc_program
 
-    settings_for_prompts = argparse.Namespace(shots=settings.shots, programs=settings.programs)
-    texts = prompts(settings_for_prompts)
+    texts = prompts(LoadSettings(programs=settings.programs, shots=settings.shots))
     outcomes: list[dict] = []
     lock = threading.Lock()
 
@@ -151,6 +154,10 @@ def run(settings: FaultSettings, log_dir: Path, worker_args: list[str], progress
         def crash_and_recover() -> None:
             time.sleep(settings.kill_after_s)
             t0 = time.monotonic()
+            # KV the victim's running requests hold at the kill: 0 would make "no client error" vacuous.
+            with contextlib.suppress(requests.RequestException, KeyError, ValueError):
+                pool = servers.kv_pool(victim, timeout_s=5)
+                events["victim_kv_tokens_in_use_at_kill"] = pool["total"] - pool["available"] - pool["evictable"]
             cluster.kill_worker(1)
             events["killed_at_s"] = round(time.monotonic() - started, 2)
             events["detected_unhealthy_s"] = wait_for(lambda: worker_health(router, victim) is False, 120)
@@ -222,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rksc-faults-") as logs:
         report = run(args.settings, Path(logs), shlex.split(args.worker_args))
     ok = (report["programs_failed"] == 0 and report["programs_hung"] == 0
-          and report.get("rejoined_healthy_s") is not None and report["rejoined_worker_serves"])
+          and report.get("rejoined_healthy_s") is not None and report["rejoined_worker_serves"]
+          and report.get("victim_kv_tokens_in_use_at_kill", 0) > 0)  # else the crash hit no request
     record = {"benchmark": "faults", "model": MODEL_NAME, "commit": git_commit(), "machine": machine(),
               "command": "python -m benchmarks.faults " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "settings": dataclasses.asdict(args.settings), **report, "ok": ok}

@@ -6,7 +6,7 @@ from benchmarks import faults
 
 
 @pytest.mark.parametrize("argv, flag", [(["--programs", "0"], "--programs"), (["--forks", "0"], "--forks"),
-                                        (["--kill-after", "-1"], "--kill-after"),
+                                        (["--kill-after", "-1"], "--kill-after must"),
                                         (["--program-retries", "-1"], "--program-retries"),
                                         (["--timeout-s", "0"], "--timeout-s")])
 def test_a_bad_value_names_its_flag(argv, flag, capsys):

@@ -18,8 +18,11 @@ with the commit (``benchmarks.records``), and a summary table is printed last.
 With ``--url`` it measures that running server instead (``--max-n``: the one it was started with).
 The configurations: ``uncapped`` (``--max-n`` lifted past the heavy request: stock SGLang's
 behaviour), ``max-n`` (our default cap alone: the heavy client splits its samples, the queue holds
-as many) and ``max-n+queue`` (with SGLang's own ``--max-queued-requests``, which answers a
-request beyond the queue with a 503 at once); by default the first and the last.
+as many), ``max-n+queue`` (with SGLang's own ``--max-queued-requests``, which answers a
+request beyond the queue with a 503 at once) and ``priority`` (SGLang's
+``--enable-priority-scheduling``: the heavy client marks its requests ``priority = -1``, bulk, which
+only that configuration honours; the light client's requests get the default 0 and go first);
+by default ``uncapped`` and ``max-n+queue``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ CONFIGS = {
     "uncapped": "--max-n 100000",
     "max-n": "--max-n 64",
     "max-n+queue": "--max-n 64 --max-queued-requests 64",
+    "priority": "--max-n 64 --enable-priority-scheduling --default-priority-value 0",
 }
+BULK_PRIORITY = -1  # the heavy client marks its work as bulk; honoured only under --enable-priority-scheduling
 DEFAULT_CONFIGS = ["uncapped", "max-n+queue"]
 READBACK_TIMEOUT_S = 300  # a server busy with the heavy client answers its readback slowly
 HEAVY_PROMPT = "Write a long essay about rivers:"
@@ -64,7 +69,7 @@ def light_request(url: str, tokens: int, timeout_s: float) -> dict:
 
 
 def heavy_request(url: str, rid: str, n: int, tokens: int) -> int:
-    body = {"text": HEAVY_PROMPT, "rid": rid,
+    body = {"text": HEAVY_PROMPT, "rid": rid, "priority": BULK_PRIORITY,
             "sampling_params": {"n": n, "max_new_tokens": tokens, "ignore_eos": True, "temperature": 1.0}}
     try:
         return requests.post(url + "/generate", json=body, timeout=300).status_code  # then the client gives up

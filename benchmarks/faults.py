@@ -7,7 +7,8 @@ router's own fail-over settings (``FAILOVER``: its retries, circuit breaker and 
 tightened from their defaults), and runs ``--programs`` self-consistency programs at once through
 the router, ``--concurrency`` at a time. Each program retries itself: a program whose run fails is
 run again from its start (a new routing key), up to ``--program-retries`` times. ``--kill-after``
-seconds in, worker 1 and every process it started are SIGKILLed (a crash). The run then records
+seconds in, once worker 1's running requests hold KV (polled, for at most a minute), worker 1
+and every process it started are SIGKILLed (a crash mid-request). The run then records
 when the router first lists worker 1 unhealthy, restarts worker 1 on its old port without
 touching the router, and records when the router lists it healthy again and routes a request to
 it.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import shlex
@@ -41,6 +41,7 @@ from rksc_sgl import servers
 from rksc_sgl.frontend import RkscEndpoint
 
 RESULTS = Path("benchmarks/results/faults.jsonl")
+KILL_WAIT_S = 60.0  # how long after --kill-after the kill waits for the victim to hold work
 # sglang-router 0.3.2's fail-over knobs. Its defaults check health every 60 s and mark a worker
 # unhealthy after 3 failures (a dead worker keeps getting requests for minutes), and open a
 # worker's circuit after 10 failures for 60 s; these detect a crash within seconds, and retry a
@@ -92,6 +93,23 @@ def wait_for(condition, timeout_s: float, interval_s: float = 0.25) -> float | N
             return round(time.monotonic() - start, 2)
         time.sleep(interval_s)
     return None
+
+
+def in_use_tokens(url: str) -> int:
+    """KV tokens that ``url``'s running requests hold (0 if it does not answer)."""
+    try:
+        pool = servers.kv_pool(url, timeout_s=5)
+    except (requests.RequestException, KeyError, ValueError):
+        return 0
+    return pool["total"] - pool["available"] - pool["evictable"]
+
+
+def wait_for_work(url: str, timeout_s: float) -> int:
+    """Poll ``url`` until its running requests hold KV; the tokens held (0 at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while (held := in_use_tokens(url)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return held
 
 
 def run_programs(router: str, settings: FaultSettings, on_progress=None) -> dict:
@@ -153,12 +171,14 @@ def run(settings: FaultSettings, log_dir: Path, worker_args: list[str], progress
 
         def crash_and_recover() -> None:
             time.sleep(settings.kill_after_s)
+            # Kill while the victim's running requests hold KV (a crash between two requests would
+            # make "no client error" vacuous): poll it, for at most KILL_WAIT_S.
+            waited = time.monotonic()
+            in_use = wait_for_work(victim, KILL_WAIT_S)
             t0 = time.monotonic()
-            # KV the victim's running requests hold at the kill: 0 would make "no client error" vacuous.
-            with contextlib.suppress(requests.RequestException, KeyError, ValueError):
-                pool = servers.kv_pool(victim, timeout_s=5)
-                events["victim_kv_tokens_in_use_at_kill"] = pool["total"] - pool["available"] - pool["evictable"]
             cluster.kill_worker(1)
+            events["victim_kv_tokens_in_use_at_kill"] = in_use
+            events["waited_for_victim_work_s"] = round(t0 - waited, 2)
             events["killed_at_s"] = round(time.monotonic() - started, 2)
             events["detected_unhealthy_s"] = wait_for(lambda: worker_health(router, victim) is False, 120)
             restart = time.monotonic()

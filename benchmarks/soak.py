@@ -3,7 +3,8 @@
     python -m benchmarks.soak                      # 30 minutes
     python -m benchmarks.soak --duration-s 120     # a smoke run
 
-Starts one ``rksc_sgl.launch_server`` (``--server-args``: RSBCM and ASKS on, a small pool) and runs
+Starts one ``rksc_sgl.launch_server`` (``--server-args``: RSBCM and ASKS on, a small pool, a 1 MB
+signature cap that the run reaches) and runs
 ``--clients`` client threads until ``--duration-s`` has passed. Each thread picks its next action at
 random (seeded, ``--seed``) from the mix:
 
@@ -49,7 +50,7 @@ from rksc_sgl import servers
 from rksc_sgl.protocol import STATS_KEY
 
 RESULTS = Path("benchmarks/results/soak.jsonl")
-DEFAULT_SERVER_ARGS = "--rsbcm --asks --max-total-tokens 8000 --log-level warning"
+DEFAULT_SERVER_ARGS = "--rsbcm --asks --asks-signature-cap-mb 1 --max-total-tokens 8000 --log-level warning"
 MIX = {"program": 3, "paraphrase": 2, "adaptive": 2, "walkaway": 2, "bad": 2}
 # Each must get a 4xx and leave the server serving (tests/integration/test_http_fuzz.py has them all).
 BAD = [

@@ -20,8 +20,9 @@ The configurations: ``uncapped`` (``--max-n`` lifted past the heavy request: sto
 behaviour), ``max-n`` (our default cap alone: the heavy client splits its samples, the queue holds
 as many), ``max-n+queue`` (with SGLang's own ``--max-queued-requests``, which answers a
 request beyond the queue with a 503 at once) and ``priority`` (SGLang's
-``--enable-priority-scheduling``: the heavy client marks its requests ``priority = -1``, bulk, which
-only that configuration honours; the light client's requests get the default 0 and go first);
+``--enable-priority-scheduling``: the heavy client marks its requests ``priority = -100``, bulk,
+which only that configuration honours; the light client's requests get the default 0, go first
+and, being more than SGLang's preemption threshold above, preempt running bulk work);
 by default ``uncapped`` and ``max-n+queue``.
 """
 
@@ -51,7 +52,9 @@ CONFIGS = {
     "max-n+queue": "--max-n 64 --max-queued-requests 64",
     "priority": "--max-n 64 --enable-priority-scheduling --default-priority-value 0",
 }
-BULK_PRIORITY = -1  # the heavy client marks its work as bulk; honoured only under --enable-priority-scheduling
+# The heavy client marks its work as bulk; honoured only under --enable-priority-scheduling, where a
+# request more than --priority-scheduling-preemption-threshold (10) above a running one preempts it.
+BULK_PRIORITY = -100
 DEFAULT_CONFIGS = ["uncapped", "max-n+queue"]
 READBACK_TIMEOUT_S = 300  # a server busy with the heavy client answers its readback slowly
 HEAVY_PROMPT = "Write a long essay about rivers:"

@@ -7,17 +7,17 @@ router's own fail-over settings (``FAILOVER``: its retries, circuit breaker and 
 tightened from their defaults), and runs ``--programs`` self-consistency programs at once through
 the router, ``--concurrency`` at a time. Each program retries itself: a program whose run fails is
 run again from its start (a new routing key), up to ``--program-retries`` times. ``--kill-after``
-seconds in, once worker 1's running requests hold KV (polled, for at most a minute), worker 1
-and every process it started are SIGKILLed (a crash mid-request). The run then records
+seconds in, once at least ``--forks`` requests run on worker 1 (polled, for at most a minute),
+worker 1 and every process it started are SIGKILLed (a crash mid-request). The run then records
 when the router first lists worker 1 unhealthy, restarts worker 1 on its old port without
 touching the router, and records when the router lists it healthy again and routes a request to
 it.
 
 The report (programs completed on their first try and after a retry, failed, hung, the errors
-clients saw, the KV that the victim's running requests held when it died, the seconds to
+clients saw, the requests running on the victim when it died and the KV they held, the seconds to
 detection and to recovery) is printed as JSON and appended to
 ``benchmarks/results/faults.jsonl``. The exit status is 1 if a program was lost or hung, the
-worker did not rejoin, or it held no running request's KV when it died (the run proved nothing).
+worker did not rejoin, or no request ran on it when it died (the run proved nothing).
 """
 
 from __future__ import annotations
@@ -95,21 +95,21 @@ def wait_for(condition, timeout_s: float, interval_s: float = 0.25) -> float | N
     return None
 
 
-def in_use_tokens(url: str) -> int:
-    """KV tokens that ``url``'s running requests hold (0 if it does not answer)."""
+def victim_load(url: str) -> tuple[int, int]:
+    """(requests running on ``url``, KV tokens they hold); (0, 0) if it does not answer."""
     try:
         pool = servers.kv_pool(url, timeout_s=5)
     except (requests.RequestException, KeyError, ValueError):
-        return 0
-    return pool["total"] - pool["available"] - pool["evictable"]
+        return 0, 0
+    return pool.get("running_requests", 0), pool["total"] - pool["available"] - pool["evictable"]
 
 
-def wait_for_work(url: str, timeout_s: float) -> int:
-    """Poll ``url`` until its running requests hold KV; the tokens held (0 at the deadline)."""
+def wait_for_work(url: str, timeout_s: float, min_running: int) -> tuple[int, int]:
+    """Poll ``url`` until at least ``min_running`` requests run on it; its load then (or at the deadline)."""
     deadline = time.monotonic() + timeout_s
-    while (held := in_use_tokens(url)) == 0 and time.monotonic() < deadline:
+    while (load := victim_load(url))[0] < min_running and time.monotonic() < deadline:
         time.sleep(0.05)
-    return held
+    return load
 
 
 def run_programs(router: str, settings: FaultSettings, on_progress=None) -> dict:
@@ -171,12 +171,13 @@ def run(settings: FaultSettings, log_dir: Path, worker_args: list[str], progress
 
         def crash_and_recover() -> None:
             time.sleep(settings.kill_after_s)
-            # Kill while the victim's running requests hold KV (a crash between two requests would
-            # make "no client error" vacuous): poll it, for at most KILL_WAIT_S.
+            # Kill while at least one program's forks run on the victim (a crash between two requests
+            # would make "no client error" vacuous): poll it, for at most KILL_WAIT_S.
             waited = time.monotonic()
-            in_use = wait_for_work(victim, KILL_WAIT_S)
+            running, in_use = wait_for_work(victim, KILL_WAIT_S, settings.forks)
             t0 = time.monotonic()
             cluster.kill_worker(1)
+            events["victim_running_requests_at_kill"] = running
             events["victim_kv_tokens_in_use_at_kill"] = in_use
             events["waited_for_victim_work_s"] = round(t0 - waited, 2)
             events["killed_at_s"] = round(time.monotonic() - started, 2)
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args.settings, Path(logs), shlex.split(args.worker_args))
     ok = (report["programs_failed"] == 0 and report["programs_hung"] == 0
           and report.get("rejoined_healthy_s") is not None and report["rejoined_worker_serves"]
-          and report.get("victim_kv_tokens_in_use_at_kill", 0) > 0)  # else the crash hit no request
+          and report.get("victim_running_requests_at_kill", 0) > 0)  # else the crash hit no request
     record = {"benchmark": "faults", "model": MODEL_NAME, "commit": git_commit(), "machine": machine(),
               "command": "python -m benchmarks.faults " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "settings": dataclasses.asdict(args.settings), **report, "ok": ok}

@@ -1,6 +1,6 @@
 """What every results file of ``programs/`` records about its run, and how rows are read back.
 
-``git_commit()`` (``-dirty`` when tracked files differ from HEAD: the figures then did not come
+``git_commit()`` (``-dirty`` when tracked files other than results differ from HEAD: the figures then did not come
 from committed code), ``machine()``, ``append_jsonl()`` and ``latest_run()``, shared by the
 benchmark, the speed and comparison tools, the report and the plots.
 """
@@ -17,10 +17,15 @@ from typing import Any, Iterable
 from rksc_sgl.model_cache import MODEL_NAME  # noqa: F401 (recorded as the default model)
 
 
+RESULTS_PATHSPEC = "benchmarks/results"
+
+
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        # Results files appended by an earlier run are not code: they leave the commit clean.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":!{RESULTS_PATHSPEC}"], capture_output=True, text=True)
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -72,6 +72,11 @@ def _bench_row(label: str, mechanism: str, path: Path, mode: str, against: str =
 def _did(rows: list[dict], mine: list[dict]) -> str:
     """What the mechanism did in the run, in the run's own counters."""
     r = mine[0]
+    if r.get("stop_rule"):  # adaptive sampling: what the rule sampled, against the replay of it
+        sampled, full = sum(x["branches_sampled"] for x in mine), sum(x["branches_full"] for x in mine)
+        return (f"`{r['stop_rule']}` sampled {sampled:,} of {full:,} branches; completion tokens "
+                f"{_mean(x['completion_tokens_vs_exact'] for x in mine):.2f}x (replay of the rule: "
+                f"{1 - _mean(x['replay_token_saving'] for x in mine):.2f}x)")
     if r.get("asks_substituted_branches") is not None:
         exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
         share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
@@ -90,6 +95,12 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
     exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
     share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
     return f"prefill {share:.2f}x, {sum(x['evictions'] for x in mine):,} tokens evicted"
+
+
+def _datasets(path: Path) -> str:
+    """The latest run's datasets and problems per dataset, e.g. ``mmlu-stem x50``."""
+    rows = _mode(latest_rows(path), "exact")
+    return ", ".join(sorted({r["dataset"] for r in rows})) + f" x{rows[0]['n_problems']}"
 
 
 def _cgee_row(label: str, path: Path) -> list[str]:
@@ -118,7 +129,10 @@ SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / a
 
 def summary_rows(results: Path = RESULTS) -> list[list[str]]:
     speed = latest_rows(results / "speed.jsonl")
+    adaptive = results / "adaptive" / "sc.jsonl"
     return [
+        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive)}", "early stop (adaptive vote)", adaptive,
+                      "adaptive")] if adaptive.exists() else []),
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50", "ASKS",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",

@@ -7,17 +7,18 @@ router's own fail-over settings (``FAILOVER``: its retries, circuit breaker and 
 tightened from their defaults), and runs ``--programs`` self-consistency programs at once through
 the router, ``--concurrency`` at a time. Each program retries itself: a program whose run fails is
 run again from its start (a new routing key), up to ``--program-retries`` times. ``--kill-after``
-seconds in, once at least ``--forks`` requests run on worker 1 (polled, for at most a minute),
+seconds in, once at least ``--forks`` requests are in flight on worker 1 (running or queued;
+polled, for at most a minute),
 worker 1 and every process it started are SIGKILLed (a crash mid-request). The run then records
 when the router first lists worker 1 unhealthy, restarts worker 1 on its old port without
 touching the router, and records when the router lists it healthy again and routes a request to
 it.
 
 The report (programs completed on their first try and after a retry, failed, hung, the errors
-clients saw, the requests running on the victim when it died and the KV they held, the seconds to
+clients saw, the requests in flight on the victim when it died and the KV they held, the seconds to
 detection and to recovery) is printed as JSON and appended to
 ``benchmarks/results/faults.jsonl``. The exit status is 1 if a program was lost or hung, the
-worker did not rejoin, or no request ran on it when it died (the run proved nothing).
+worker did not rejoin, or no request was in flight on it when it died (the run proved nothing).
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ KILL_WAIT_S = 60.0  # how long after --kill-after the kill waits for the victim 
 # sglang-router 0.3.2's fail-over knobs. Its defaults check health every 60 s and mark a worker
 # unhealthy after 3 failures (a dead worker keeps getting requests for minutes), and open a
 # worker's circuit after 10 failures for 60 s; these detect a crash within seconds, and retry a
-# failed request (on another worker where the policy picks one) before the client sees it.
+# failed request (on another worker where the policy picks one) before the client sees it. A health
+# check may take 5 s: a busy CPU worker answers slowly, and with 2 s a run on a loaded machine saw
+# the router mark both workers unhealthy ("no_available_workers").
 FAILOVER = ["--health-check-interval-secs", "2", "--health-failure-threshold", "2",
-            "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+            "--health-success-threshold", "1", "--health-check-timeout-secs", "5",
             "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5",
             "--retry-max-retries", "3", "--retry-initial-backoff-ms", "100"]
 
@@ -96,18 +99,20 @@ def wait_for(condition, timeout_s: float, interval_s: float = 0.25) -> float | N
 
 
 def victim_load(url: str) -> tuple[int, int]:
-    """(requests running on ``url``, KV tokens they hold); (0, 0) if it does not answer."""
+    """(requests in flight on ``url``: running or queued, KV tokens they hold); (0, 0) if it does not answer."""
     try:
-        pool = servers.kv_pool(url, timeout_s=5)
+        pool = servers.kv_pool(url, timeout_s=30)
     except (requests.RequestException, KeyError, ValueError):
         return 0, 0
-    return pool.get("running_requests", 0), pool["total"] - pool["available"] - pool["evictable"]
+    in_flight = pool.get("running_requests", 0) + pool.get("queued_requests", 0)
+    return in_flight, pool["total"] - pool["available"] - pool["evictable"]
 
 
-def wait_for_work(url: str, timeout_s: float, min_running: int) -> tuple[int, int]:
-    """Poll ``url`` until at least ``min_running`` requests run on it; its load then (or at the deadline)."""
+def wait_for_work(url: str, timeout_s: float, min_in_flight: int) -> tuple[int, int]:
+    """Poll ``url`` until at least ``min_in_flight`` requests are in flight on it; its load then
+    (or at the deadline)."""
     deadline = time.monotonic() + timeout_s
-    while (load := victim_load(url))[0] < min_running and time.monotonic() < deadline:
+    while (load := victim_load(url))[0] < min_in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     return load
 
@@ -123,8 +128,8 @@ def run_programs(router: str, settings: FaultSettings, on_progress=None) -> dict
     def one(i: int) -> None:
         errors = []
         for attempt in range(settings.program_retries + 1):
-            endpoint = RkscEndpoint(router)  # a fresh routing key per attempt
             try:
+                endpoint = RkscEndpoint(router)  # a fresh routing key per attempt; it asks the router too
                 state = sc_program.run(texts[i], settings.forks, settings.max_new_tokens, 0.7,
                                        [branch_seed(settings.seed, i, b) for b in range(settings.forks)],
                                        backend=endpoint)
@@ -144,12 +149,13 @@ def run_programs(router: str, settings: FaultSettings, on_progress=None) -> dict
     futures = [pool.submit(one, i) for i in range(settings.programs)]
     done, pending = concurrent.futures.wait(futures, timeout=settings.timeout_s)
     pool.shutdown(wait=False, cancel_futures=True)
-    errors = [e for o in outcomes for e in o["errors"]]
+    lost = [f.exception() for f in done if f.exception() is not None]  # a bug of this harness, counted
+    errors = [e for o in outcomes for e in o["errors"]] + [f"{type(e).__name__}: {e}"[:200] for e in lost]
     return {
         "programs_completed": sum(o["completed"] for o in outcomes),
         "programs_completed_first_try": sum(o["completed"] and o["attempts"] == 1 for o in outcomes),
         "programs_completed_after_retry": sum(o["completed"] and o["attempts"] > 1 for o in outcomes),
-        "programs_failed": sum(not o["completed"] for o in outcomes),
+        "programs_failed": sum(not o["completed"] for o in outcomes) + len(lost),
         "programs_hung": len(pending),
         "client_errors": len(errors),
         "client_error_kinds": sorted({e.split(":")[0] for e in errors}),
@@ -174,10 +180,10 @@ def run(settings: FaultSettings, log_dir: Path, worker_args: list[str], progress
             # Kill while at least one program's forks run on the victim (a crash between two requests
             # would make "no client error" vacuous): poll it, for at most KILL_WAIT_S.
             waited = time.monotonic()
-            running, in_use = wait_for_work(victim, KILL_WAIT_S, settings.forks)
+            in_flight, in_use = wait_for_work(victim, KILL_WAIT_S, settings.forks)
             t0 = time.monotonic()
             cluster.kill_worker(1)
-            events["victim_running_requests_at_kill"] = running
+            events["victim_requests_in_flight_at_kill"] = in_flight
             events["victim_kv_tokens_in_use_at_kill"] = in_use
             events["waited_for_victim_work_s"] = round(t0 - waited, 2)
             events["killed_at_s"] = round(time.monotonic() - started, 2)
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args.settings, Path(logs), shlex.split(args.worker_args))
     ok = (report["programs_failed"] == 0 and report["programs_hung"] == 0
           and report.get("rejoined_healthy_s") is not None and report["rejoined_worker_serves"]
-          and report.get("victim_running_requests_at_kill", 0) > 0)  # else the crash hit no request
+          and report.get("victim_requests_in_flight_at_kill", 0) > 0)  # else the crash hit no request
     record = {"benchmark": "faults", "model": MODEL_NAME, "commit": git_commit(), "machine": machine(),
               "command": "python -m benchmarks.faults " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "settings": dataclasses.asdict(args.settings), **report, "ok": ok}

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python -m benchmarks.faults " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "settings": dataclasses.asdict(args.settings), **report, "ok": ok}
     print(json.dumps(record, indent=1))
-    append_jsonl(args.output, record)
+    append_jsonl(args.output, [record])
     return 0 if ok else 1
 
 

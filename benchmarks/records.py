@@ -36,6 +36,8 @@ def machine() -> str:
 
 
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    if isinstance(rows, dict):  # iterating it would write its keys, one per line, and lose the record
+        raise TypeError("append_jsonl: rows must be an iterable of dicts, got one dict (wrap it in a list)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
               "date": time.strftime("%Y-%m-%d"),
               "command": "python -m benchmarks.soak " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "settings": dataclasses.asdict(args.settings), "server_args": server_args, **report, "ok": ok}
-    append_jsonl(args.output, record)
+    append_jsonl(args.output, [record])
     plot(record, args.output.with_suffix(".png"))
     print(json.dumps({k: v for k, v in record.items() if k != "samples"}, indent=1))
     return 0 if ok else 1

@@ -24,3 +24,17 @@ def test_appended_results_leave_the_commit_clean_and_changed_code_does_not(tmp_p
     assert git_commit() == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit() == clean + "-dirty"
+
+
+def test_append_jsonl_writes_one_line_per_row_and_refuses_a_bare_dict(tmp_path):
+    import json
+
+    import pytest
+
+    from benchmarks.records import append_jsonl
+
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, [{"a": 1}, {"a": 2}])
+    with pytest.raises(TypeError, match="one dict"):
+        append_jsonl(path, {"a": 3, "b": 4})  # would have written "a" and "b" as two lines
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"a": 2}]

@@ -1,4 +1,4 @@
-"""A results row's commit: ``-dirty`` for changed code, not for results appended by an earlier run."""
+"""What every results row records: its commit (``-dirty`` only for changed code), one JSON line per row."""
 
 import subprocess
 

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                      "pool_tokens": servers.kv_pool(args.url, READBACK_TIMEOUT_S)["total"] if args.url else args.pool_tokens,
                      "commit": git_commit(),
                      "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": MODEL_NAME, "command": command,
-                     "heavy_samples": args.heavy_samples, "heavy_tokens": args.heavy_tokens,
+                     "heavy_samples": args.heavy_samples, "heavy_tokens": args.heavy_tokens, "heavy_priority": BULK_PRIORITY,
                      "light_tokens": args.light_tokens, "wall_s": round(time.monotonic() - start, 1), **result})
         print(json.dumps(rows[-1]), flush=True)
     append_jsonl(args.output, rows)

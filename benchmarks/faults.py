@@ -47,8 +47,8 @@ KILL_WAIT_S = 60.0  # how long after --kill-after the kill waits for the victim 
 # unhealthy after 3 failures (a dead worker keeps getting requests for minutes), and open a
 # worker's circuit after 10 failures for 60 s; these detect a crash within seconds, and retry a
 # failed request (on another worker where the policy picks one) before the client sees it. A health
-# check may take 5 s: a busy CPU worker answers slowly, and with 2 s a run on a loaded machine saw
-# the router mark both workers unhealthy ("no_available_workers").
+# check may take 5 s: a busy CPU worker answers slowly, and with 2 s a run on a loaded machine had
+# programs refused after the kill with "no_available_workers" (all circuits open or unhealthy).
 FAILOVER = ["--health-check-interval-secs", "2", "--health-failure-threshold", "2",
             "--health-success-threshold", "1", "--health-check-timeout-secs", "5",
             "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5",

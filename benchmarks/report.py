@@ -1,7 +1,7 @@
 """``python -m benchmarks.report``: the results sections of the docs, generated from results files.
 
     python -m benchmarks.report benchmarks/results/bon-verify.jsonl [--readme FILE --section NAME]
-    python -m benchmarks.report benchmarks/results/sc_stop_curve.json [--readme docs/benchmarks-adaptive.md]
+    python -m benchmarks.report benchmarks/results/adaptive/sc_stop_curve.json [--readme docs/benchmarks-adaptive.md]
     python -m benchmarks.report --all     # README.md's summary table and every table of docs/benchmarks.md
 
 Takes the latest run (``run_id``) of the file and prints a Markdown section: the command that

@@ -38,3 +38,4 @@ def test_a_steady_leak_shows_as_growth_and_slope():
 def test_every_bad_request_of_the_mix_is_a_route_and_a_body():
     assert all(route.startswith("/") and isinstance(body, dict) for route, body in soak.BAD)
     assert set(soak.MIX) == {"program", "paraphrase", "adaptive", "walkaway", "bad"}
+    assert all(callable(getattr(soak.Traffic, kind, None)) for kind in soak.MIX)  # each kind is an action

@@ -21,8 +21,9 @@ behaviour), ``max-n`` (our default cap alone: the heavy client splits its sample
 as many), ``max-n+queue`` (with SGLang's own ``--max-queued-requests``, which answers a
 request beyond the queue with a 503 at once) and ``priority`` (SGLang's
 ``--enable-priority-scheduling``: the heavy client marks its requests ``priority = -100``, bulk,
-which only that configuration honours; the light client's requests get the default 0, go first
-and, being more than SGLang's preemption threshold above, preempt running bulk work);
+which only that configuration honours; the light client's requests get the default 0 and go first;
+being more than SGLang's preemption threshold above, they may preempt running bulk work, which
+the results do not record);
 by default ``uncapped`` and ``max-n+queue``.
 """
 
@@ -53,7 +54,7 @@ CONFIGS = {
     "priority": "--max-n 64 --enable-priority-scheduling --default-priority-value 0",
 }
 # The heavy client marks its work as bulk; honoured only under --enable-priority-scheduling, where a
-# request more than --priority-scheduling-preemption-threshold (10) above a running one preempts it.
+# request more than --priority-scheduling-preemption-threshold (10) above a running one may preempt it.
 BULK_PRIORITY = -100
 DEFAULT_CONFIGS = ["uncapped", "max-n+queue"]
 READBACK_TIMEOUT_S = 300  # a server busy with the heavy client answers its readback slowly

@@ -8,7 +8,9 @@ The calibration split of each dataset is its *last* ``--calibration-size`` probl
 evaluation split (``benchmarks.bon_verify.measure``, ``programs.datasets.load(name, limit)``) is its
 *first* problems, and ``--reserve`` of them are kept apart (refused if the two would overlap).
 
-On the calibration split, best-of-N candidates are generated and verified once at full depth
+On the calibration split, best-of-N candidates are generated exactly as the table generates them
+(``--shots`` exemplars in front of every question, ``--max-new-tokens``, ``--temperature``: the
+bench's defaults) and verified once at full depth
 with the logit lens on (every layer's entropy and Yes/No log-probabilities). Every candidate
 threshold setting is then replayed offline with the runtime's own rule
 (``radix_ext.exit_rule.first_exit_layer``, the same verdict a real exit returns: the exit layer's
@@ -159,9 +161,12 @@ def per_dataset(records: list[dict], target_error: float) -> dict[str, dict]:
             for name in names}
 
 
-def collect(backend, datasets: list[str], size: int, reserve: int, num_candidates: int, seed: int) -> list[dict]:
+def collect(backend, datasets: list[str], size: int, reserve: int, num_candidates: int, seed: int, *,
+            shots: int = 3, max_new_tokens: int = 96, temperature: float = 0.7) -> list[dict]:
+    """Full-depth lens diagnostics on each dataset's last ``size`` problems, the candidates sampled
+    as ``benchmarks.bench --workload bon-verify`` samples them: the same ``shots`` exemplars (the
+    dataset's first problems) in front of every question, the same new tokens and temperature."""
     from benchmarks.bon_verify import solve_batch
-    from programs.bon import candidate_tokens
     from programs.datasets import load
     from programs.sampling import SamplingConfig
 
@@ -170,9 +175,11 @@ def collect(backend, datasets: list[str], size: int, reserve: int, num_candidate
         problems = load(name)
         if reserve + size > len(problems):
             raise ValueError(f"--calibration-size {size} + --reserve {reserve} exceed {name}'s {len(problems)} problems")
-        tokens = candidate_tokens(name)
-        config = SamplingConfig(num_candidates, tokens, seed=seed)
-        results, _, _ = solve_batch(problems[-size:], config, backend, modes={"full": None}, lens=True)
+        if shots > reserve:
+            raise ValueError(f"--shots {shots} exceeds --reserve {reserve}: the exemplars must be held apart too")
+        config = SamplingConfig(num_candidates, max_new_tokens, temperature, seed)
+        results, _, _ = solve_batch(problems[-size:], config, backend, modes={"full": None}, lens=True,
+                                    exemplars=tuple(problems[:shots]))
         for r in results:
             v = r.verdicts["full"]
             records.append({"dataset": name, "id": r.problem.id, "gold": r.problem.answer,
@@ -190,6 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reserve", type=int, default=60, help="first problems kept for evaluation")
     p.add_argument("--num-candidates", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--shots", type=int, default=3,
+                   help="exemplars in front of every question, as benchmarks.bench --shots (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=96,
+                   help="per candidate, as benchmarks.bench --max-new-tokens (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="as benchmarks.bench --temperature (default: %(default)s)")
     p.add_argument("--target-error", type=float, default=0.05, help="bound on the 95%% upper bound of CGEE error")
     p.add_argument("--out", default="benchmarks/results/cgee_thresholds.json")
     p.add_argument("--raw", default="benchmarks/results/cgee_calibration_raw.json",
@@ -200,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not 0 < args.target_error < 1:
         p.error(f"--target-error must be in (0, 1), got {args.target_error}")
+    if args.shots < 0 or args.max_new_tokens < 1 or args.temperature < 0:
+        p.error(f"--shots must be >= 0, --max-new-tokens >= 1 and --temperature >= 0, got "
+                f"{args.shots}, {args.max_new_tokens}, {args.temperature}")
     datasets = [d for d in args.dataset.split(",") if d]
     if args.from_raw:
         with open(args.raw) as f:
@@ -210,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
 
         backend = RkscEngineEndpoint(launch_engine(log_level="error"))
         try:
-            records = collect(backend, datasets, args.calibration_size, args.reserve, args.num_candidates, args.seed)
+            records = collect(backend, datasets, args.calibration_size, args.reserve, args.num_candidates, args.seed,
+                              shots=args.shots, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
         finally:
             backend.shutdown()
         os.makedirs(os.path.dirname(args.raw) or ".", exist_ok=True)
@@ -224,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen["per_dataset"] = per_dataset(records, args.target_error)
     chosen |= {"target_error": args.target_error, "datasets": datasets,
                "calibration_split": f"last {args.calibration_size} problems of each dataset",
+               "candidates": {"shots": args.shots, "max_new_tokens": args.max_new_tokens,
+                              "temperature": args.temperature, "num_candidates": args.num_candidates},
                "command": "python -m benchmarks.calibrate_cgee " + " ".join(sys.argv[1:] if argv is None else argv)}
     with open(args.out, "w") as f:
         json.dump(chosen, f, indent=2)

@@ -46,9 +46,24 @@ def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def latest_run(path: Path) -> list[dict]:
-    """The rows of the newest ``run_id`` in a results file."""
+    """The newest figures of a results file: for each dataset, the rows of the newest ``run_id``
+    that covers it (rows without a dataset count as one). A file written by whole runs gives the
+    newest run; a long table run one dataset per process gives each dataset's own run. Datasets
+    keep the order in which the file first names them."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{path} holds no results")
-    last = max(r.get("run_id", "") for r in rows)
-    return [r for r in rows if r.get("run_id", "") == last]
+    newest: dict[Any, str] = {}
+    for r in rows:
+        key, run = r.get("dataset"), r.get("run_id", "")
+        newest[key] = max(newest.get(key, run), run)
+    order = list(dict.fromkeys(r.get("dataset") for r in rows))
+    return [r for key in order for r in rows if r.get("dataset") == key and r.get("run_id", "") == newest[key]]
+
+
+def runs_of(rows: list[dict]) -> list[list[dict]]:
+    """``rows`` split by ``run_id``, in order of appearance (one list for a single run)."""
+    by_run: dict[str, list[dict]] = {}
+    for r in rows:
+        by_run.setdefault(r.get("run_id", ""), []).append(r)
+    return list(by_run.values())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks import tables
 from benchmarks.stats import clopper_pearson_upper95
-from benchmarks.records import latest_run
+from benchmarks.records import latest_run, runs_of
 
 def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
@@ -79,15 +79,7 @@ def headline(rows: list[dict]) -> list[str]:
 def section(rows: list[dict]) -> str:
     first = rows[0]
     exact = {r["dataset"]: r["accuracy"] for r in rows if r["mode"] == "exact"}
-    total = f", whole run {first['run_total_s'] / 60:.0f} min" if first.get("run_total_s") else ""
-    out = [
-        f"Workload `{first['workload']}`, {first['n_problems']} problems per dataset, model {first['model']}, "
-        f"commit {first['commit']}, {first['date']}, {first['machine']}{total}. Produced by:",
-        "",
-        "```bash",
-        command_of(rows),
-        "```",
-        "",
+    out = run_headers(rows) + [
         "| dataset | mode | wall s | x no-cache | x exact | accuracy [95% CI] | acc. vs exact | vote agrees "
         "| branch agrees | prefill tokens | prompt reuse | CGEE skip | CGEE exit layer | CGEE verify time x full "
         "| CGEE error [UB95] | evicted tokens |",
@@ -112,6 +104,22 @@ def section(rows: list[dict]) -> str:
     out += asks_table(rows)
     out += adaptive_table(rows)
     return "\n".join(out) + "\n"
+
+
+def run_headers(rows: list[dict]) -> list[str]:
+    """Where the rows come from: per run (one, or one per dataset when a table is run a dataset
+    at a time), its workload, size, commit, date, machine, repeats and the command that produced it."""
+    runs = runs_of(rows)
+    out = []
+    for run in runs:
+        first = run[0]
+        total = f", whole run {first['run_total_s'] / 60:.0f} min" if first.get("run_total_s") else ""
+        repeats = f", median of {first['repeats']} repeats" if (first.get("repeats") or 1) > 1 else ", one repeat"
+        which = "" if len(runs) == 1 else ", ".join(dict.fromkeys(r["dataset"] for r in run)) + ": "
+        out += [f"{which}Workload `{first['workload']}`, {first['n_problems']} problems per dataset, model "
+                f"{first['model']}, commit {first['commit']}, {first['date']}, {first['machine']}{total}{repeats}. "
+                "Produced by:", "", "```bash", command_of(run), "```", ""]
+    return out
 
 
 def adaptive_table(rows: list[dict]) -> list[str]:

@@ -50,8 +50,9 @@ def _delta_points(rows: list[dict], mine: list[dict], against: str) -> str:
     return f"accuracy {_mean(100 * (r['accuracy'] - base[r['dataset']]) for r in mine):+.1f} pts"
 
 
-def _run(r: dict) -> tuple[str, str]:
-    return r["commit"], r["machine"]
+def _run(*rows: dict) -> tuple[str, str]:
+    """The commits (one per run the figure draws on) and the machine of the rows."""
+    return ", ".join(dict.fromkeys(r["commit"] for r in rows)), ", ".join(dict.fromkeys(r["machine"] for r in rows))
 
 
 def _bench_row(label: str, mechanism: str, path: Path, mode: str, against: str = "exact") -> list[str]:
@@ -66,7 +67,7 @@ def _bench_row(label: str, mechanism: str, path: Path, mode: str, against: str =
         quality += f", votes agree {_mean(r['answer_agreement_vs_exact'] for r in mine):.2f}"
     return [label, mechanism, f"`{mode}` vs `{against}`", f"{speed:.2f}x", quality,
             _did(rows, mine) if against == "exact" else f"prompt reuse {_mean(r['reuse_rate'] for r in mine):.2f}",
-            *_run(mine[0])]
+            *_run(*mine)]
 
 
 def _did(rows: list[dict], mine: list[dict]) -> str:
@@ -111,7 +112,7 @@ def _cgee_row(label: str, path: Path) -> list[str]:
     skips = [r["cgee_skip_rate"] for r in mine]
     return [label, "CGEE", "verify vs full-depth verify", f"{1 / ratio:.2f}x",
             f"{e}/{n} decisions differ from full depth", f"skipped {min(skips):.0%}-{max(skips):.0%} of verifications",
-            *_run(mine[0])]
+            *_run(*mine)]
 
 
 def _speed_row(label: str, mechanism: str, against: str, r: dict) -> list[str]:

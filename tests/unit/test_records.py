@@ -38,3 +38,25 @@ def test_append_jsonl_writes_one_line_per_row_and_refuses_a_bare_dict(tmp_path):
     with pytest.raises(TypeError, match="one dict"):
         append_jsonl(path, {"a": 3, "b": 4})  # would have written "a" and "b" as two lines
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"a": 2}]
+
+
+def test_latest_run_takes_each_dataset_from_the_newest_run_that_covers_it(tmp_path):
+    import json
+
+    from benchmarks.records import latest_run, runs_of
+
+    def row(run_id, dataset, mode):
+        return {"run_id": run_id, "dataset": dataset, "mode": mode}
+
+    whole = [row("1", d, m) for d in ("gsm8k", "arc-challenge") for m in ("exact", "rksc")]
+    arc_again = [row("2", "arc-challenge", m) for m in ("exact", "rksc", "rksc-lru")]
+    path = tmp_path / "bon-verify.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in whole + arc_again))
+    rows = latest_run(path)
+    assert [(r["run_id"], r["dataset"], r["mode"]) for r in rows] == [
+        ("1", "gsm8k", "exact"), ("1", "gsm8k", "rksc"),
+        ("2", "arc-challenge", "exact"), ("2", "arc-challenge", "rksc"), ("2", "arc-challenge", "rksc-lru")]
+    assert [[r["run_id"] for r in run][0] for run in runs_of(rows)] == ["1", "2"]
+    # a newer whole run supersedes both
+    path.write_text(path.read_text() + "".join(json.dumps({**r, "run_id": "3"}) + "\n" for r in whole))
+    assert {r["run_id"] for r in latest_run(path)} == {"3"}

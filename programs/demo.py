@@ -7,9 +7,15 @@ Each runs
 * paraphrase self-consistency (``programs.paraphrase_sc``): every branch opens with its own
   wording of the system message, so exact caching recomputes each branch's prompt; ASKS lets a
   branch adopt branch 0's wording when the gate finds the two alike, and reports each substitution;
-* tree of thoughts (``programs.tot``, only with ``--tot-problems N``: at the demo's size RSBCM and
-  LRU evict the same and the workload adds half a minute) with the pool smaller than the tree,
-  branch scores reported: RSBCM evicts deep, low-scoring thoughts first, LRU whatever is oldest;
+* self-consistency as one ``n = 16`` request per MMLU-STEM problem (``programs.sc.
+  solve_as_one_request``), all problems at once: ``exact`` samples every child; ``rksc`` carries a
+  group policy (Adaptive-Consistency, ``beta:0.9``), so the scheduler stops a problem's remaining
+  children once the vote over its finished ones is decided. The children sample with the same
+  seeds in both engines, so the vote is compared with the full-16 vote;
+* tree of thoughts (``programs.tot``, only with ``--tot-problems N``, best with ``--max-total-tokens
+  1100``: at the demo's size RSBCM and LRU evict the same and the workload adds half a minute) with
+  the pool smaller than the tree, branch scores reported: RSBCM evicts deep, low-scoring thoughts
+  first, LRU whatever is oldest;
 
 then, on the ``rksc`` engine, best-of-N with the verifier (``benchmarks.bon_verify``): the same
 candidates verified at full depth and with CGEE (skip when confidently ahead, early exit), and
@@ -29,6 +35,8 @@ import warnings
 from programs.sampling import SamplingConfig
 
 SC_SHOTS = 3  # solved exemplars after each paraphrase: the prompt tail ASKS lets branches share
+VOTE = "self-consistency, n-sample requests"
+VOTE_TOKENS = 48  # per child: MMLU-STEM's short "The answer is X." answers (docs/benchmarks-adaptive.md)
 NEXT_STEPS = """\
 next:
   python -m rksc_sgl.launch_server --port 30000 --rsbcm --asks   # the same runtime as an HTTP server
@@ -40,22 +48,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m programs.demo", description=__doc__.splitlines()[0])
     p.add_argument("--sc-problems", type=int, default=2, help="paraphrase self-consistency problems (default: %(default)s)")
     p.add_argument("--branches", type=int, default=4, help="branches per paraphrase problem (default: %(default)s)")
+    p.add_argument("--vote-problems", type=int, default=6,
+                   help="self-consistency problems sent as one n-sample request each, MMLU-STEM (default: %(default)s)")
+    p.add_argument("--vote-branches", type=int, default=16, help="n of each of those requests (default: %(default)s)")
+    p.add_argument("--stop-rule", default="beta:0.9",
+                   help="rksc's group policy on them: esc:W or beta:C[:W] (default: %(default)s, chosen on held-apart "
+                        "MMLU-STEM problems: docs/benchmarks-adaptive.md)")
     p.add_argument("--tot-problems", type=int, default=0,
                    help="tree-of-thoughts problems, RSBCM against LRU (default: %(default)s, not run)")
     p.add_argument("--bon-problems", type=int, default=6, help="best-of-N problems, MMLU-STEM (default: %(default)s)")
-    p.add_argument("--max-total-tokens", type=int, default=1100,
-                   help="KV pool of both engines, in tokens: smaller than the trees (default: %(default)s)")
+    p.add_argument("--max-total-tokens", type=int, default=8192,
+                   help="KV pool of both engines, in tokens (default: %(default)s; 1100 puts tree of thoughts under "
+                        "pressure)")
     p.add_argument("--seed", type=int, default=0, help="run seed of every branch's sampling seed")
     p.add_argument("--model-path", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--verbose", action="store_true", help="keep SGLang's and third-party warnings")
     args = p.parse_args(argv)
     if args.tot_problems < 0:
         p.error(f"--tot-problems must be >= 0 (0: not run), got {args.tot_problems}")
-    for flag in ("sc_problems", "branches", "bon_problems"):
+    for flag in ("sc_problems", "branches", "bon_problems", "vote_problems", "vote_branches"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.branches < 2:
         p.error(f"--branches must be >= 2 (branch 0 is the others' donor), got {args.branches}")
+    from rksc_sgl.adaptive import StopRule
+
+    try:
+        args.rule = StopRule.parse(args.stop_rule)
+    except ValueError as e:
+        p.error(f"--stop-rule: {e}")
+    if args.rule.name == "none":
+        p.error("--stop-rule: give esc:W or beta:C[:W]; none stops nothing")
     if args.max_total_tokens < 1024:
         p.error(f"--max-total-tokens must be >= 1024 (a branch's prompt, the tree's shared part and the "
                 f"warm-up), got {args.max_total_tokens}")
@@ -118,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         quiet_third_parties()
     from benchmarks.bon_verify import solve_batch as bon_batch, summarize
     from benchmarks.workloads import EXEMPLAR_POOL
-    from programs import paraphrase_sc, tot
+    from programs import paraphrase_sc, sc, tot
     from programs.bon import candidate_tokens
     from programs.datasets import load
     from rksc_sgl.config import RkscConfig
@@ -128,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     sc_problems, exemplar_pool = gsm8k[:args.sc_problems], tuple(gsm8k[-EXEMPLAR_POOL:])
     tot_problems = gsm8k[args.sc_problems:args.sc_problems + args.tot_problems]
     bon_problems = load("mmlu-stem", limit=args.bon_problems)
+    mmlu = load("mmlu-stem", limit=SC_SHOTS + args.vote_problems)
+    vote_exemplars, vote_problems = tuple(mmlu[:SC_SHOTS]), mmlu[SC_SHOTS:]
+    vote_config = SamplingConfig(args.vote_branches, VOTE_TOKENS, 0.7, args.seed)
     # Short answers after 3 shared exemplars: the prompt, which ASKS shares, is most of the work.
     sc_config = SamplingConfig(args.branches, 16, 0.7, args.seed)
     tot_config = tot.TotConfig(seed=args.seed)
@@ -137,6 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         "paraphrase self-consistency": lambda b: timed(b, lambda: paraphrase_sc.solve_batch(
             sc_problems, exemplar_pool, SC_SHOTS, sc_config, b, max_concurrency=1)),
     }
+
+    def vote(rule):
+        return {VOTE: lambda b: timed(b, lambda: sc.solve_as_one_request(vote_problems, vote_config, b,
+                                                                           exemplars=vote_exemplars, rule=rule))}
     if tot_problems:
         workloads["tree of thoughts"] = lambda b: timed(b, lambda: tot.solve_batch(tot_problems, tot_config, b))
     print(f"stock SGLang (exact) and rksc side by side, in-process on the CPU, KV pool {args.max_total_tokens} "
@@ -144,14 +174,17 @@ def main(argv: list[str] | None = None) -> None:
           f"branch its own wording of the system message\n"
           + (f"  tree of thoughts: {len(tot_problems)} GSM8K problems at once, thoughts scored by the model\n"
              if tot_problems else "")
+          + f"  self-consistency: {len(vote_problems)} MMLU-STEM problems, one n={args.vote_branches} request each, "
+            f"all at once; rksc's carry the group policy {args.stop_rule}\n"
           + f"  best-of-4 with the verifier: {len(bon_problems)} MMLU-STEM problems\n",
           flush=True)
-    exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(), workloads, args)
+    exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(), {**workloads, **vote(None)}, args)
     # Every candidate verified at full depth and with CGEE, twice, in both orders (under the small pool
     # the phases may not find the same candidates cached): the median of two counts.
     bon = {"best-of-4 with the verifier": lambda b: timed(b, lambda: bon_batch(
         bon_problems, bon_config, b, modes={"full": None, "cgee": CgeeThresholds.from_config()}, repeats=2))}
-    ours = run_engine("rksc (ASKS, RSBCM, CGEE)", RkscConfig(asks=True, rsbcm=True), {**workloads, **bon}, args)
+    ours = run_engine("rksc (ASKS, RSBCM, CGEE, early stop)", RkscConfig(asks=True, rsbcm=True),
+                      {**workloads, **vote(args.rule), **bon}, args)
     print()
     bon_results, verify_s, verify_tokens = ours["best-of-4 with the verifier"].results
     report(exact, ours, summarize(bon_results, verify_s, "mmlu-stem"),
@@ -181,15 +214,21 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
          f"decisions differ from full depth {fraction(cgee['cgee_errors'], n_bon)}; correct "
          f"{round(cgee['accuracy'] * n_bon)} vs {round(full['accuracy'] * n_bon)}"),
     ]
+    vote_e, vote_o = exact[VOTE].results, ours[VOTE].results
+    n_vote, n_children = len(vote_e), sum(len(r.answers) for r in vote_e)
+    tokens_e, tokens_o = (sum(r.completion_tokens for r in rs) for rs in (vote_e, vote_o))
+    rows.insert(1, (VOTE, "early stop", "exact", exact[VOTE].wall_s, ours[VOTE].wall_s,
+                    f"votes agree with the full vote {fraction(sum(a.answer == b.answer for a, b in zip(vote_e, vote_o)), n_vote)}; "
+                    f"correct {sum(r.correct for r in vote_o)} vs {sum(r.correct for r in vote_e)}"))
     if tot_e is not None:
         tot_agree = sum(a.answer == b.answer for a, b in zip(tot_e.results, tot_o.results))
         rows.insert(1, ("tree of thoughts, pool < tree", "RSBCM", "exact", tot_e.wall_s, tot_o.wall_s,
                         f"answers agree {fraction(tot_agree, len(tot_e.results))}; correct "
                         f"{sum(r.correct for r in tot_o.results)} vs {sum(r.correct for r in tot_e.results)}"))
-    print(f"{'workload':30} {'mechanism':9} {'baseline':10} {'base s':>7} {'rksc s':>7} {'speed-up':>8}  "
+    print(f"{'workload':36} {'mechanism':10} {'baseline':10} {'base s':>7} {'rksc s':>7} {'speed-up':>8}  "
           "agreement / accuracy (rksc vs baseline)")
     for label, mechanism, baseline, base_s, our_s, quality in rows:
-        print(f"{label:30} {mechanism:9} {baseline:10} {base_s:7.1f} {our_s:7.1f} {base_s / our_s:7.2f}x  {quality}")
+        print(f"{label:36} {mechanism:10} {baseline:10} {base_s:7.1f} {our_s:7.1f} {base_s / our_s:7.2f}x  {quality}")
 
     reports = [b.asks for b in branches(sc_o) if b.asks]
     adopted = [x for x in reports if x.get("adopted")]
@@ -198,6 +237,8 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
           + (f" (sigma {min(sigmas):.2f}-{max(sigmas):.2f} >= tau {adopted[0]['tau']:.3f}), "
              f"{sum(x.get('reused_tokens', 0) for x in adopted):,} prompt tokens served from its KV" if adopted else "")
           + f"; prefill {sc_o.prefill_tokens:,} vs {sc_e.prefill_tokens:,} tokens")
+    print(f"early stop: the scheduler stopped {sum(r.stopped for r in vote_o)} of {n_children} children once their "
+          f"problem's vote was decided; completion tokens {tokens_o:,} vs {tokens_e:,}")
     if tot_e is not None:
         print(f"RSBCM: prefill {tot_o.prefill_tokens:,} vs {tot_e.prefill_tokens:,} tokens under the same pool")
     exit_layer = cgee["cgee_mean_exit_layer"]

@@ -20,11 +20,13 @@ from collections.abc import Callable
 import sglang as sgl
 
 from programs.datasets import Problem, extract_answer, format_question
+from programs.datasets import answers as _answers
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.frontend import branch_options
 from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
+from rksc_sgl.protocol import GROUP_POLICY_KEY, STOP_KEY
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
 # Openers of diverse-prompt self-consistency: the first words of each branch's answer.
@@ -146,4 +148,60 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progre
         branches = tuple(Branch(text, extract_answer(problem, text), lps) for _, text, lps in branches_out)
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))
+    return results
+
+
+# What the scheduler reads a child's vote with (``rksc_group_policy.answer_pattern``): the first
+# and strongest of the client's extractors, "the answer is X" (programs.datasets.answers).
+ANSWER_PATTERNS = {"letter": _answers._ANSWER_LETTER_RE.pattern, "number": _answers._ANSWER_NUM_RE.pattern}
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupVote:
+    """Self-consistency as one ``n``-sample request: the children's answers (by child index, as the
+    client's extractor reads them), their completion tokens, and how many the runtime stopped."""
+
+    problem: Problem
+    answers: tuple[str | None, ...]
+    answer: str | None
+    completion_tokens: int
+    stopped: int
+
+    @property
+    def correct(self) -> bool:
+        return self.answer is not None and self.answer == self.problem.answer
+
+
+def solve_as_one_request(problems: list[Problem], config: SamplingConfig, backend, *,
+                         exemplars: tuple[Problem, ...] = (), rule: StopRule | None = None) -> list[GroupVote]:
+    """Every problem as one request with ``n = config.num_branches``, all problems at once, through
+    an in-process ``RkscEngineEndpoint``. The children sample with seeds derived from the problem's
+    seed and their index (``rksc_sgl.protocol.child_seed``). With a ``rule`` the request carries a
+    group policy (``rksc_group_policy``): once the vote over the finished children is decided, the
+    scheduler stops the others, so the decision costs no program round trip and no launch rounds.
+    This is what an OpenAI client gets with ``n`` and the policy in ``extra_body``."""
+    import asyncio
+
+    tokenizer = backend.engine.tokenizer_manager.tokenizer
+    requests = []
+    for i, problem in enumerate(problems):
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(problem, exemplars)}]
+        params = {"n": config.num_branches, "max_new_tokens": config.max_new_tokens,
+                  "temperature": config.temperature, "sampling_seed": branch_seed(config.seed, i, 0)}
+        if rule is not None and rule.name != "none":
+            policy = {"answer_pattern": ANSWER_PATTERNS["letter" if problem.choices else "number"], "rule": rule.name,
+                      "min_samples": rule.min_samples}
+            policy |= {"window": rule.window} if rule.name == "esc" else {"confidence": rule.confidence}
+            params["custom_params"] = {GROUP_POLICY_KEY: policy}
+        requests.append((tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), params))
+
+    async def send_all():
+        return await asyncio.gather(*(backend.engine.async_generate(prompt=p, sampling_params=s) for p, s in requests))
+
+    results = []
+    for problem, outs in zip(problems, backend.run(send_all())):
+        answers = tuple(extract_answer(problem, out["text"]) for out in outs)
+        stopped = sum(STOP_KEY in out["meta_info"] for out in outs)
+        results.append(GroupVote(problem, answers, leader(answers), sum(o["meta_info"]["completion_tokens"] for o in outs),
+                                 stopped))
     return results

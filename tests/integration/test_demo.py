@@ -16,13 +16,15 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_demo_runs_every_workload_and_prints_each_speed_up_beside_its_agreement():
-    argv = ["--sc-problems", "1", "--branches", "2", "--tot-problems", "1", "--bon-problems", "1"]  # every workload
+    argv = ["--sc-problems", "1", "--branches", "2", "--tot-problems", "1", "--bon-problems", "1",
+            "--vote-problems", "2", "--vote-branches", "4"]  # every workload
     done = subprocess.run([sys.executable, "-m", "programs.demo", *argv], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    for line in ("paraphrase self-consistency    ASKS", "tree of thoughts, pool < tree  RSBCM",
-                 "best-of-4, verification        CGEE"):
+    for line in ("paraphrase self-consistency          ASKS", "tree of thoughts, pool < tree        RSBCM",
+                 "self-consistency, n-sample requests  early stop", "best-of-4, verification              CGEE"):
         assert line in out, out
     assert "votes agree 1/1" in out or "votes agree 0/1" in out
     assert "decisions differ from full depth" in out and "ASKS:" in out and "CGEE: skipped" in out
+    assert "votes agree with the full vote" in out and "children once their problem's vote was decided" in out

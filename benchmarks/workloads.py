@@ -61,6 +61,7 @@ class WorkloadRun:
     # modes can be compared branch by branch, not only by their majority answers.
     branch_answers: list[list[str | None]] = dataclasses.field(default_factory=list)
     branch_digests: list[list[str]] = dataclasses.field(default_factory=list)
+    _: dataclasses.KW_ONLY  # the rest by name: a field inserted here once shifted positional callers
     branch_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # completion tokens per branch
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
@@ -140,7 +141,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
         stats["cgee_thresholds"] = dataclasses.asdict(thresholds)
     return WorkloadRun([r.verdicts[used].answer for r in results], [r.correct(used) for r in results],
                        [[c.answer for c in r.candidates] for r in results],
-                       [[digest(c.context) for c in r.candidates] for r in results], stats,
+                       [[digest(c.context) for c in r.candidates] for r in results], stats=stats,
                        branch_tokens=[[len(c.token_logprobs) for c in r.candidates] for r in results],
                        reference_s=verify_s["full"] if mode.cgee else 0.0,
                        reference_tokens=verify_tokens["full"] if mode.cgee else None)

@@ -214,7 +214,7 @@ DOC_SECTIONS = {
     "speed": ("speed.jsonl", tables.speed_section),
     "bon-verify": ("bon-verify.jsonl", None),
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),
-    "cgee-per-dataset": ("cgee/bon-verify.jsonl", None),
+    "cgee-calibration": ("cgee_thresholds.json", tables.cgee_calibration_section),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
     "tot": ("tot.jsonl", None),

@@ -143,7 +143,7 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                    "exact", "no-cache"),
         _bench_row("best-of-4 + verifier, KV pool 1/4, 4 datasets x50", "RSBCM",
                    results / "capped" / "bon-verify.jsonl", "rsbcm-only"),
-        _cgee_row("best-of-4 + verifier, per-dataset thresholds, 4 datasets x50", results / "cgee" / "bon-verify.jsonl"),
+        _cgee_row("best-of-4 + verifier, 4 datasets x50, verification phase", results / "bon-verify.jsonl"),
         _speed_row("decode, 1 stream", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 1)),
         _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32)),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
@@ -197,3 +197,30 @@ def load_section(path: Path) -> str:
             + markdown(["programs completed", "requests", "KV pool tokens (of working set)", "wall s",
                         "program latency p50/p95/p99 s", "request latency p50/p95/p99 s", "completion tok/s",
                         "prompt reuse", "evicted tokens", "pool balanced, still serving"], body))
+
+
+def cgee_calibration_section(path: Path) -> str:
+    """``benchmarks.calibrate_cgee``'s output: the thresholds it chose, pooled and per dataset, with
+    the skip rate and the CGEE error (and its 95% upper bound) they had on the calibration split."""
+    data = json.loads(Path(path).read_text())
+    cand = data.get("candidates") or {}
+    entries = [("pooled (`RkscConfig` defaults)", data)] + [(f"`{k}`", v) for k, v in data.get("per_dataset", {}).items()]
+    body = []
+    for name, entry in entries:
+        t, c = entry["thresholds"], entry["calibration"]
+        body.append([name, str(c["n_problems"]), f"{t['tau_conf']:g}", f"{t['margin']:g}", str(t["min_layer"]),
+                     f"{c['skip_rate']:.1%}", f"{c['errors']}/{c['n_problems']}", f"{c['error_ub95']:.1%}"])
+    sampled = (f"{cand['num_candidates']} candidates per problem, {cand['shots']} shots, {cand['max_new_tokens']} new "
+               f"tokens, temperature {cand['temperature']:g}" if cand else "candidates as the program samples them")
+    lens = {int(k): v for k, v in data["calibration"].get("decision_agreement_if_all_exit_at_layer", {}).items()}
+    depth = max(lens, default=None)
+    best = max((k for k in lens if k != depth), key=lens.get, default=None)
+    why = (f" Why no layer exit: had every candidate exited at one layer before the last, the verifier would have "
+           f"decided as at full depth on at most {lens[best]:.0%} of problems (layer {best}); only layer {depth} "
+           f"reaches 100%." if best is not None else "")
+    return (f"Chosen on the {data['calibration_split']} ({sampled}): among the settings whose 95% upper bound "
+            f"on CGEE error is <= {data['target_error']:.0%}, the cheapest.{why} Produced by:\n\n```bash\n"
+            f"{data['command']}\n```\n\n"
+            + markdown(["thresholds", "problems", "tau_conf", "margin", "min_layer (30: no layer exit)", "skipped",
+                        "decisions differ from full depth", "95% upper bound"], body))
+

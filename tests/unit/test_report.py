@@ -144,3 +144,24 @@ def test_the_summary_says_how_many_same_topic_controls_the_asks_gate_accepted():
                                            "same-topic controls accepted 1/80")
     older = {k: v for k, v in asks.items() if not k.startswith("asks_same_topic")}
     assert _did([exact, older], [older]).endswith("prefill 0.80x")
+
+
+def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_no_layer_exit(tmp_path):
+    import json
+
+    from benchmarks.tables import cgee_calibration_section
+
+    def entry(tau, skip, errors):
+        return {"thresholds": {"tau_conf": tau, "margin": 0.5, "theta": 0.1, "epsilon": 0.02, "min_layer": 4},
+                "calibration": {"n_problems": 100, "errors": errors, "skip_rate": skip, "error_ub95": 0.047,
+                                "decision_agreement_if_all_exit_at_layer": {"2": 0.4, "3": 0.6, "4": 1.0}}}
+
+    data = {**entry(0.4, 0.1125, 3), "per_dataset": {"gsm8k": entry(0.3, 0.01, 0)}, "target_error": 0.05,
+            "calibration_split": "last 100 problems of each dataset", "command": "python -m benchmarks.calibrate_cgee",
+            "candidates": {"num_candidates": 4, "shots": 3, "max_new_tokens": 96, "temperature": 0.7}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    out = cgee_calibration_section(path)
+    assert "| pooled (`RkscConfig` defaults) | 100 | 0.4 | 0.5 | 4 | 11.2% | 3/100 | 4.7% |" in out
+    assert "| `gsm8k` | 100 | 0.3 |" in out and "3 shots, 96 new tokens" in out
+    assert "at most 60% of problems (layer 3)" in out

@@ -23,7 +23,8 @@ request beyond the queue with a 503 at once) and ``priority`` (SGLang's
 ``--enable-priority-scheduling``: the heavy client marks its requests ``priority = -100``, bulk,
 which only that configuration honours; the light client's requests get the default 0 and go first;
 being more than SGLang's preemption threshold above, they may preempt running bulk work, which
-the results do not record);
+the results do not record); ``priority+retraction`` adds ``--retraction-policy priority``, so
+that a full KV pool retracts bulk work first rather than the request with the fewest output tokens;
 by default ``uncapped`` and ``max-n+queue``.
 """
 
@@ -52,6 +53,11 @@ CONFIGS = {
     "max-n": "--max-n 64",
     "max-n+queue": "--max-n 64 --max-queued-requests 64",
     "priority": "--max-n 64 --enable-priority-scheduling --default-priority-value 0",
+    # SGLang's default --retraction-policy (length) retracts, when decoding runs out of KV, the
+    # requests with the fewest output tokens first: a light request that just started. This one
+    # retracts the lowest priority first.
+    "priority+retraction": "--max-n 64 --enable-priority-scheduling --default-priority-value 0 "
+                           "--retraction-policy priority",
 }
 # The heavy client marks its work as bulk; honoured only under --enable-priority-scheduling, where a
 # request more than --priority-scheduling-preemption-threshold (10) above a running one may preempt it.

@@ -46,9 +46,9 @@ next:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m programs.demo", description=__doc__.splitlines()[0])
-    p.add_argument("--sc-problems", type=int, default=2, help="paraphrase self-consistency problems (default: %(default)s)")
+    p.add_argument("--sc-problems", type=int, default=1, help="paraphrase self-consistency problems (default: %(default)s)")
     p.add_argument("--branches", type=int, default=4, help="branches per paraphrase problem (default: %(default)s)")
-    p.add_argument("--vote-problems", type=int, default=4,
+    p.add_argument("--vote-problems", type=int, default=3,
                    help="self-consistency problems sent as one n-sample request each, MMLU-STEM (default: %(default)s)")
     p.add_argument("--vote-branches", type=int, default=16, help="n of each of those requests (default: %(default)s)")
     p.add_argument("--stop-rule", default="beta:0.9",

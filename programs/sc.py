@@ -20,7 +20,7 @@ from collections.abc import Callable
 import sglang as sgl
 
 from programs.datasets import Problem, extract_answer, format_question
-from programs.datasets import answers as _answers
+from programs.datasets.answers import ANSWER_PATTERNS
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.frontend import branch_options
@@ -149,11 +149,6 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progre
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))
     return results
-
-
-# What the scheduler reads a child's vote with (``rksc_group_policy.answer_pattern``): the first
-# and strongest of the client's extractors, "the answer is X" (programs.datasets.answers).
-ANSWER_PATTERNS = {"letter": _answers._ANSWER_LETTER_RE.pattern, "number": _answers._ANSWER_NUM_RE.pattern}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,9 @@ _ANSWER_LOWER_RE = re.compile(
     r"(?i:answer)(?:\s+(?i:is))?\s*[:=]?\s*\(?([a-j])\)?[.*]*[ \t]*$", re.M
 )
 _PAREN_LETTER_RE = re.compile(r"\(([A-J])\)")
+# The strongest of the patterns ("the answer is X"), for a reader that takes one regex (the
+# scheduler's group policy, ``rksc_group_policy.answer_pattern``): by answer kind.
+ANSWER_PATTERNS = {"letter": _ANSWER_LETTER_RE.pattern, "number": _ANSWER_NUM_RE.pattern}
 _STANDALONE_LETTER_RE = re.compile(r"(?<![\w'])([A-J])(?![\w'])")
 
 

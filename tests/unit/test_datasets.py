@@ -247,3 +247,20 @@ def test_is_correct_rejects_wrong_and_missing_answers() -> None:
     wrong = next(letter for letter in "ABCD" if letter != choice.answer)
     assert is_correct(choice, f"Answer: ({choice.answer})")
     assert not is_correct(choice, f"Answer: ({wrong})")
+
+
+@pytest.mark.parametrize("kind, text, expected", [
+    ("letter", "Both fit, but the answer is (C). Wait, the answer is B.", "B"),
+    ("letter", "Answer: D", "D"),
+    ("number", "So 3 + 4 = 7. The answer is 1,234.", "1,234"),
+])
+def test_the_one_regex_a_group_policy_votes_with_finds_what_the_extractor_finds(kind, text, expected):
+    """The scheduler reads a child's vote with ``ANSWER_PATTERNS`` (the last match); the client's
+    extractors must read the same answer from an "the answer is X" text."""
+    import re
+
+    from programs.datasets.answers import ANSWER_PATTERNS, extract_letter, extract_number
+
+    assert re.findall(ANSWER_PATTERNS[kind], text)[-1] == expected
+    client = extract_letter(text) if kind == "letter" else extract_number(text)
+    assert client == (expected if kind == "letter" else expected.replace(",", ""))

@@ -23,11 +23,12 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import re
 import time
 import uuid
 import weakref
 from typing import Any
+
+import regex
 
 from rksc_sgl import stop_rules
 from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
@@ -96,7 +97,7 @@ def _check_request(result, sampling_params, *args, **kwargs):
 @dataclasses.dataclass
 class Group:
     policy: GroupPolicy | None
-    pattern: re.Pattern | None
+    pattern: regex.Pattern | None
     answers: dict[int, str | None] = dataclasses.field(default_factory=dict)  # index -> answer
     members: "weakref.WeakValueDictionary[int, Any]" = dataclasses.field(default_factory=weakref.WeakValueDictionary)
     size: int | None = None  # members in all, when known (the n of an n > 1 request)
@@ -117,11 +118,25 @@ class Group:
         return [req for req in self.members.values() if not req.finished()]
 
 
-def extract(pattern: re.Pattern, text: str) -> str | None:
-    """The last match of ``pattern`` in ``text`` (its group 1 if it has groups), stripped."""
+MATCH_TIMEOUT_S = 0.05  # a client's answer pattern runs in the scheduler loop: bounded
+
+
+def compile_pattern(source: str):
+    """A client's answer pattern, compiled with the ``regex`` module (``re``-compatible syntax),
+    whose matching takes a timeout: ``re`` has none, and a backtracking pattern such as
+    ``(a+)+$`` on a 27-character text held a Python ``re`` search for 7.6 s here."""
+    return regex.compile(source)
+
+
+def extract(pattern, text: str) -> str | None:
+    """The last match of ``pattern`` in ``text`` (its group 1 if it has groups), stripped; None
+    when there is none or matching takes longer than ``MATCH_TIMEOUT_S`` (the member casts no vote)."""
     last = None
-    for last in pattern.finditer(text):
-        pass
+    try:
+        for last in pattern.finditer(text, timeout=MATCH_TIMEOUT_S):
+            pass
+    except TimeoutError:
+        return None
     if last is None:
         return None
     answer = last.group(1) if pattern.groups else last.group(0)
@@ -147,12 +162,12 @@ class GroupRegistry:
         self.expire()
         group = self._groups.get(tag.id)
         if group is None:
-            pattern = re.compile(policy.answer_pattern) if policy is not None else None
+            pattern = compile_pattern(policy.answer_pattern) if policy is not None else None
             group = self._groups[tag.id] = Group(policy, pattern)
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)
         elif group.policy is None and policy is not None:  # the first member may have had none
-            group.policy, group.pattern = policy, re.compile(policy.answer_pattern)
+            group.policy, group.pattern = policy, compile_pattern(policy.answer_pattern)
         group.members[tag.index] = req
         group.size, group.arrived = size, group.arrived + 1
         self.touch(tag.id)

@@ -68,8 +68,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import re
 from typing import Any
+
+import regex
 
 from rksc_sgl.stop_rules import RULES as STOP_RULES
 
@@ -340,9 +341,9 @@ class GroupPolicy:
         key = GROUP_POLICY_KEY
         if not isinstance(self.answer_pattern, str) or not self.answer_pattern:
             raise ValueError(f"custom_params.{key}.answer_pattern must be a non-empty regex, got {self.answer_pattern!r}")
-        try:
-            re.compile(self.answer_pattern)
-        except re.error as e:
+        try:  # the engine the scheduler matches with (radix_ext.groups.compile_pattern)
+            regex.compile(self.answer_pattern)
+        except regex.error as e:
             raise ValueError(f"custom_params.{key}.answer_pattern is not a valid regex: {e}") from None
         if self.rule not in STOP_RULES:
             raise ValueError(f"custom_params.{key}.rule must be one of {list(STOP_RULES)}, got {self.rule!r}")

@@ -111,10 +111,22 @@ class TestRegistry:
 
 class TestExtract:
     def test_the_last_match_and_its_first_group(self):
-        assert groups.extract(re.compile(r"answer is (\d+)"), "answer is 3, no: the answer is 42.") == "42"
+        assert groups.extract(groups.compile_pattern(r"answer is (\d+)"), "answer is 3, no: the answer is 42.") == "42"
 
     def test_a_pattern_without_groups_gives_the_whole_match(self):
-        assert groups.extract(re.compile(r"\d+"), "1 then 22") == "22"
+        assert groups.extract(groups.compile_pattern(r"\d+"), "1 then 22") == "22"
 
     def test_no_match_is_no_answer(self):
-        assert groups.extract(re.compile(r"answer is (\d+)"), "I do not know") is None
+        assert groups.extract(groups.compile_pattern(r"answer is (\d+)"), "I do not know") is None
+
+
+def test_a_backtracking_answer_pattern_cannot_hold_the_scheduler():
+    """A client's pattern runs in the scheduler loop. ``(a|aa)+$`` backtracks exponentially in
+    ``regex`` too (1.2 s on 30 a's here without a timeout, ~1.6x per extra character). Matching
+    is cut at ``MATCH_TIMEOUT_S`` and the member casts no vote."""
+    import time
+
+    pattern = groups.compile_pattern(r"(a|aa)+$")
+    start = time.perf_counter()
+    assert groups.extract(pattern, "a" * 34 + "b") is None
+    assert time.perf_counter() - start < 1.0

@@ -36,11 +36,12 @@ from benchmarks import stats as st
 from benchmarks.modes import MODES, resolve_modes
 from programs.datasets import DATASETS, load
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
-from benchmarks.stop_replay import choose, curve, replay_rule
+from benchmarks.stop_replay import choose, curve, replay_group_stop, replay_rule, replay_trace_stop, trace_curve
 from benchmarks.workloads import BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
 ADAPTIVE_WORKLOADS = ("sc", "diverse-sc", "bon-verify")  # the workloads whose branches vote
+GROUP_STOP_WORKLOADS = ("sc", "diverse-sc")  # ... and whose branches may finish out of index order
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: RkscConfig's pooled ones)")
     p.add_argument("--stop-rule", default=d.stop_rule,
                    help="adaptive mode: none, esc:W or beta:C[:W] (default: %(default)s)")
+    p.add_argument("--trace-stop", type=float, default=None,
+                   help="the *+trace modes: stop a branch once its window confidence falls below this threshold "
+                        "(DeepConf online; choose it on held-apart problems from the curve's trace table)")
     p.add_argument("--calibration-offset", type=int, default=0,
                    help="skip this many problems after the exemplars, e.g. to choose stop thresholds on problems "
                         "held apart from a reported run (default: %(default)s)")
@@ -93,9 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if any(m.adaptive for m in args.mode_objs) and args.workload not in ADAPTIVE_WORKLOADS:
             raise ValueError(f"--modes: adaptive runs only with --workload {', '.join(ADAPTIVE_WORKLOADS)}, "
                              f"not {args.workload!r}")
+        if any(m.trace_stop for m in args.mode_objs) and args.trace_stop is None:
+            raise ValueError("--modes: the *+trace modes need --trace-stop T")
+        if any(m.group_stop for m in args.mode_objs) and args.workload not in GROUP_STOP_WORKLOADS:
+            raise ValueError(f"--modes: group-stop runs only with --workload {', '.join(GROUP_STOP_WORKLOADS)}, "
+                             f"not {args.workload!r}")
         args.pool_tokens = pool_by_dataset(args) if args.pool_fraction is not None else None
         args.settings = BenchSettings(args.num_branches, args.max_new_tokens, args.temperature, args.seed, args.shots,
-                                      args.max_concurrency, args.cgee_thresholds, args.stop_rule)
+                                      args.max_concurrency, args.cgee_thresholds, args.stop_rule, args.trace_stop)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -242,9 +251,11 @@ def build_rows(args, results, meta) -> list[dict]:
                 # extracted answer; its whole text identical). From the last repeat of each mode.
                 "answer_agreement_vs_exact": st.agreement(run.answers, exact_run.answers) if exact_run else None,
                 "branch_answer_agreement_vs_exact":
-                    st.branch_agreement(run.branch_answers, exact_run.branch_answers) if exact_run else None,
+                    st.branch_agreement(run.branch_answers, exact_run.branch_answers, run.branch_indices)
+                    if exact_run else None,
                 "branch_text_agreement_vs_exact":
-                    st.branch_agreement(run.branch_digests, exact_run.branch_digests) if exact_run else None,
+                    st.branch_agreement(run.branch_digests, exact_run.branch_digests, run.branch_indices)
+                    if exact_run else None,
                 "cgee_skip_rate": run.stats.get("cgee_skip_rate"),
                 "cgee_mean_exit_layer": run.stats.get("cgee_mean_exit_layer"),
                 "cgee_error": run.stats.get("cgee_error"), "cgee_errors": run.stats.get("cgee_errors"),
@@ -262,23 +273,37 @@ def build_rows(args, results, meta) -> list[dict]:
                 "vote_skip_rate": run.stats.get("vote_skip_rate"),
                 **adaptive_columns(mode, args, run, c, by_mode),
                 "answers": run.answers, "branch_answers": run.branch_answers, "branch_tokens": run.branch_tokens,
+                **({"branch_indices": run.branch_indices} if run.branch_indices else {}),
+                **({"branch_conf_minima": run.branch_conf_minima}
+                   if run.branch_conf_minima and mode.name == "exact" else {}),
             })
     return rows
 
 
 def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
-    """Branches sampled against full N; for ``adaptive``, completion tokens against ``exact`` and
-    the runtime's savings beside the replay of the same rule on exact's branches."""
+    """Branches sampled against full N (for ``group-stop``: those that finished, the others were
+    stopped); for the adaptive modes, completion tokens against ``exact`` and the runtime's savings
+    beside the replay of the same rule, as the mode applies it, on exact's branches."""
     from rksc_sgl.adaptive import StopRule
 
     full = len(run.branch_answers) * args.num_branches
     sampled = sum(len(b) for b in run.branch_answers)
-    out = {"stop_rule": args.stop_rule if mode.adaptive else None, "branches_sampled": sampled, "branches_full": full}
+    out = {"stop_rule": args.stop_rule if mode.adaptive else None, "branches_sampled": sampled, "branches_full": full,
+           **({"stop_applied_by": "scheduler" if mode.group_stop else "program rounds"} if mode.adaptive else {}),
+           **({"trace_stop": args.trace_stop} if mode.trace_stop else {})}
     exact = by_mode.get("exact")
     if not mode.adaptive or exact is None:
         return out
     exact_tokens = sum_counters(exact["counters"]).completion_tokens
-    replayed = replay_rule(StopRule.parse(args.stop_rule), exact["run"].branch_answers, exact["run"].branch_tokens)
+    rule, e = StopRule.parse(args.stop_rule), exact["run"]
+    if mode.trace_stop:
+        replayed = replay_trace_stop(rule, e.branch_answers, e.branch_tokens, e.branch_conf_minima, args.trace_stop,
+                                     concurrent=mode.group_stop)
+        replayed["branches_sampled"] = replayed["branches_voting"]
+        replayed["sample_saving"] = round(1 - replayed["branches_voting"] / replayed["branches_full"], 4)
+    else:
+        replayer = replay_group_stop if mode.group_stop else replay_rule
+        replayed = replayer(rule, e.branch_answers, e.branch_tokens)
     return {**out,
             "completion_tokens_vs_exact": st.ratio(counters.completion_tokens, exact_tokens),
             "sample_saving": round(1 - sampled / full, 4) if full else None,
@@ -289,22 +314,38 @@ def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
 
 def write_curve(args, rows, meta) -> Path | None:
     """The trade-off curve of every rule replayed on exact's branches, per dataset, with the
-    thresholds that reach 95% vote agreement on these problems; None without an exact run."""
+    thresholds that reach 95% vote agreement on these problems; None without an exact run. A
+    dataset of an earlier run in the same file stays, with its own commit and command (so the
+    datasets can be run one command at a time)."""
     exact = [r for r in rows if r["mode"] == "exact"]
     if not exact:
         return None
-    per_dataset = {}
-    for r in exact:
-        points = curve(r["branch_answers"], r["branch_tokens"])
-        per_dataset[r["dataset"]] = {"points": points, "chosen_at_0.95": choose(points, 0.95)}
     suffix = f"_offset{args.calibration_offset}" if args.calibration_offset else ""
     out = args.output_dir / f"{args.workload}_stop_curve{suffix}.json"
+    per_dataset = earlier_curves(out)
+    for r in exact:
+        points = curve(r["branch_answers"], r["branch_tokens"])
+        per_dataset[r["dataset"]] = {"points": points, "chosen_at_0.95": choose(points, 0.95),
+                                     "commit": meta["commit"], "command": meta["command"], "n_problems": args.limit}
+        if r.get("branch_conf_minima"):
+            per_dataset[r["dataset"]]["trace_points"] = trace_curve(
+                r["branch_answers"], r["branch_tokens"], r["branch_conf_minima"], args.stop_rule)
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = ("run_id", "model", "commit", "date", "machine", "seed", "settings", "command")
     out.write_text(json.dumps({**{k: meta[k] for k in keep}, "workload": args.workload,
                                "calibration_offset": args.calibration_offset, "n_problems": args.limit,
                                "num_branches": args.num_branches, "datasets": per_dataset}, indent=1) + "\n")
     return out
+
+
+def earlier_curves(path: Path) -> dict:
+    """The per-dataset entries of an existing curve file, each stamped with its run's commit,
+    command and problem count where the file kept them only once."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    return {name: {"commit": old.get("commit"), "command": old.get("command"), "n_problems": old.get("n_problems"),
+                   **entry} for name, entry in old.get("datasets", {}).items()}
 
 
 def print_table(rows: list[dict]) -> None:

@@ -5,7 +5,10 @@ with LRU); ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock L
 mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
 mechanism that has landed; the ``*-only`` modes are the ablations; ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
-decides its vote. A mode that needs a mechanism
+decides its vote; ``group-stop`` is ``exact`` plus the same rule as the runtime's group policy:
+every branch is launched at once, as in ``exact``, and the scheduler stops those still running
+once the vote over the finished ones is decided; ``group-stop+trace`` adds a trace-confidence stop
+(``--trace-stop T``) to every branch, whose stopped traces cast no vote. A mode that needs a mechanism
 which has not landed is refused, naming it.
 """
 
@@ -27,6 +30,8 @@ class Mode:
     disable_radix_cache: bool = False
     backend: str | None = None  # --radix-cache-backend; None: what the mechanisms imply
     adaptive: bool = False  # sample under the run's stop rule (``BenchSettings.stop_rule``)
+    group_stop: bool = False  # ... applied by the scheduler's group stop rather than in rounds
+    trace_stop: bool = False  # every branch also carries the run's trace-confidence stop (--trace-stop)
 
     def rksc_config(self) -> RkscConfig:
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
@@ -46,6 +51,8 @@ MODES: dict[str, Mode] = {
     "exact": Mode("exact"),
     "rksc-lru": Mode("rksc-lru", backend=BACKEND_NAME),
     "adaptive": Mode("adaptive", adaptive=True),
+    "group-stop": Mode("group-stop", adaptive=True, group_stop=True),
+    "group-stop+trace": Mode("group-stop+trace", adaptive=True, group_stop=True, trace_stop=True),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),

@@ -136,16 +136,16 @@ def adaptive_table(rows: list[dict]) -> list[str]:
         return []
     out = ["", "Adaptive sampling, against `exact` on the same problems and seeds (its full-N vote; "
            "replay = the rule replayed offline on exact's branches):", "",
-           "| dataset | stop rule | branches sampled / full | completion tokens x exact | tokens saved "
+           "| dataset | mode | stop rule | branches finished / full | completion tokens x exact | tokens saved "
            "| tokens saved, replay | samples saved (replay) | wall x exact (speed-up) | vote agrees with full N "
            "| vote agrees, replay | accuracy [95% CI] | verification skipped (vote) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:
         ci = r.get("accuracy_ci95")
         acc = f"{r['accuracy']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else _fmt(r["accuracy"], ".2f")
         samples = f"{_fmt(r.get('sample_saving'), '.1%')} ({_fmt(r.get('replay_sample_saving'), '.1%')})"
         out.append(
-            f"| {r['dataset']} | `{r['stop_rule']}` | {r['branches_sampled']} / {r['branches_full']} "
+            f"| {r['dataset']} | {r['mode']} | `{r['stop_rule']}` | {r['branches_sampled']} / {r['branches_full']} "
             f"| {_fmt(r.get('completion_tokens_vs_exact'), '.3f')} | {_fmt(r.get('token_saving'), '.1%')} "
             f"| {_fmt(r.get('replay_token_saving'), '.1%')} | {samples} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
             f"| {_fmt(r.get('answer_agreement_vs_exact'), '.2f')} | {_fmt(r.get('replay_vote_agreement'), '.2f')} "
@@ -156,11 +156,19 @@ def adaptive_table(rows: list[dict]) -> list[str]:
 def curve_table(curve: dict) -> str:
     """A stop-rule curve file (``benchmarks.bench``'s ``*_stop_curve*.json``) as a Markdown table."""
     offset = curve.get("calibration_offset") or 0
-    out = [f"Replayed on `exact`'s branches: workload `{curve['workload']}`, {curve['n_problems']} problems per "
-           f"dataset from offset {offset}, N = {curve['num_branches']}, commit {curve['commit']}. Produced by:", "",
-           "```bash", curve["command"], "```", "",
-           "| dataset | rule | branches sampled / full | samples saved | tokens saved | vote agrees with full N |",
-           "|---|---|---|---|---|---|"]
+    runs: dict[tuple, list[str]] = {}  # (commit, command, problems) -> its datasets, in file order
+    for dataset, entry in curve["datasets"].items():
+        key = (entry.get("commit", curve["commit"]), entry.get("command", curve["command"]),
+               entry.get("n_problems", curve["n_problems"]))
+        runs.setdefault(key, []).append(dataset)
+    out = []
+    for (commit, command, problems), datasets in runs.items():
+        which = f"{', '.join(datasets)}: " if len(runs) > 1 else ""
+        out += [f"{which}Replayed on `exact`'s branches: workload `{curve['workload']}`, {problems} problems per "
+                f"dataset from offset {offset}, N = {curve['num_branches']}, commit {commit}. Produced by:", "",
+                "```bash", command, "```", ""]
+    out += ["| dataset | rule | branches sampled / full | samples saved | tokens saved | vote agrees with full N |",
+            "|---|---|---|---|---|---|"]
     for dataset, entry in curve["datasets"].items():
         for p in entry["points"]:
             out.append(f"| {dataset} | `{p['rule']}` | {p['branches_sampled']} / {p['branches_full']} "
@@ -168,7 +176,28 @@ def curve_table(curve: dict) -> str:
                        f"| {_fmt(p['vote_agreement'], '.2f')} |")
         chosen = ", ".join(f"{k}: `{v}`" if v else f"{k}: none" for k, v in entry["chosen_at_0.95"].items())
         out.append(f"\n{dataset}: the most tokens saved at >= 95% vote agreement: {chosen}.\n")
+    out += trace_table(curve)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def trace_table(curve: dict) -> list[str]:
+    """The trace-stop points of a curve file (``benchmarks.stop_replay.trace_curve``), if any."""
+    mine = {d: e["trace_points"] for d, e in curve["datasets"].items() if e.get("trace_points")}
+    if not mine:
+        return []
+    from programs.sc import CONF_TOP_K, CONF_WINDOW
+
+    out = ["", f"Trace stops (DeepConf online: window {CONF_WINDOW}, top-{CONF_TOP_K}) replayed on the same branches, "
+           "alone and on top of the stop rule; the threshold T is a percentile of these traces' lowest window "
+           "confidence (in-sample, as DeepConf's warm-up traces set it). A stopped trace casts no vote:", "",
+           "| dataset | T (percentile) | stop rule | applied by | traces stopped | branches voting / full "
+           "| tokens saved | vote agrees with full N |", "|---|---|---|---|---|---|---|---|"]
+    for dataset, points in mine.items():
+        for p in points:
+            out.append(f"| {dataset} | {p['threshold']:.3f} (p{p['percentile']:g}) | `{p['rule']}` | {p['applied_by']} "
+                       f"| {p['traces_stopped']} | {p['branches_voting']} / {p['branches_full']} "
+                       f"| {_fmt(p['token_saving'], '.1%')} | {_fmt(p['vote_agreement'], '.2f')} |")
+    return out
 
 
 def asks_table(rows: list[dict]) -> list[str]:

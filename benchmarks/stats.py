@@ -58,9 +58,16 @@ def agreement(answers: list[str | None], reference: list[str | None]) -> float |
     return round(sum(a == b for a, b in zip(answers, reference)) / len(reference), 4)
 
 
-def branch_agreement(branches: list[list], reference: list[list]) -> float | None:
+def branch_agreement(branches: list[list], reference: list[list], indices: list[list[int]] | None = None) -> float | None:
     """Fraction of (problem, branch) positions where two runs agree, over the branches the first
-    run has (an early-stopped run's are the first of the reference's); None if shapes differ."""
+    run has (an early-stopped run's are the first of the reference's, or those at ``indices``,
+    per problem the reference position of each); None if shapes differ."""
+    if indices:
+        if len(indices) != len(branches) or any(len(i) != len(b) for i, b in zip(indices, branches)):
+            return None
+        if any(i >= len(ys) for idx, ys in zip(indices, reference) for i in idx):
+            return None
+        reference = [[ys[i] for i in idx] for idx, ys in zip(indices, reference)]
     if not reference or len(branches) != len(reference) or any(len(a) > len(b) for a, b in zip(branches, reference)):
         return None
     pairs = [(a, b) for xs, ys in zip(branches, reference) for a, b in zip(xs, ys)]

@@ -2,7 +2,15 @@
 
 A full (``exact``) run samples every problem's N branches with per-branch seeds; a stop rule
 would have sampled only the first ``replay(rule, answers)`` of them, so its savings and its vote
-are known without running it: ``replay_rule``. ``curve`` replays a grid of thresholds
+are known without running it: ``replay_rule``. The runtime's group stop launches every branch at
+once and keeps those that finish first: ``replay_group_stop`` replays it with each branch's
+completion tokens as its finishing step (``rksc_sgl.adaptive.replay_concurrent``).
+
+Trace-confidence stopping (DeepConf online) replays too, on top of either: each ``exact`` branch
+records where its window confidence reached new lows (``programs.sc.Branch.conf_minima``), so a
+threshold ``T`` stops it at a known token and it casts no vote (``replay_trace_stop``); ``T`` is
+taken as a percentile of the traces' lowest window confidence (``TRACE_PERCENTILES``), as
+DeepConf sets it from warm-up traces. ``curve`` replays a grid of thresholds
 (``CURVE``: ESC windows 2..6, Beta c from 0.6 to 0.99) and ``choose`` picks, per rule family,
 the threshold that saves the most tokens while its vote agrees with the full vote on at least
 ``target`` of the problems. Pure functions, no engine.
@@ -12,8 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from rksc_sgl.adaptive import StopRule, leader, replay
+import statistics
 
+from rksc_sgl.adaptive import StopRule, leader, replay, replay_concurrent
+from rksc_sgl.stop_rules import first_stop
+
+TRACE_PERCENTILES = (5, 10, 25, 50)  # of the traces' lowest window confidence: where T is put
 CURVE = (*(f"esc:{w}" for w in range(2, 7)), *(f"beta:{c}" for c in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99)))
 
 
@@ -33,6 +45,23 @@ def replay_rule(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | Non
             "vote_agreement": round(agree / n, 4) if n else None}
 
 
+def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | None]],
+                      branch_tokens: Sequence[Sequence[int]]) -> dict:
+    """``replay_rule`` for the runtime's group stop: every branch launched at once, the vote read
+    over the branches that finished, the others stopped one token after it is decided."""
+    outcomes = [replay_concurrent(rule, a, t) for a, t in zip(branch_answers, branch_tokens)]
+    branches = sum(len(a) for a in branch_answers)
+    tokens = sum(sum(t) for t in branch_tokens)
+    finished = sum(len(kept) for _, kept in outcomes)
+    kept_tokens = sum(used for used, _ in outcomes)
+    agree = sum(leader([a[i] for i in kept]) == leader(a) for a, (_, kept) in zip(branch_answers, outcomes))
+    n = len(branch_answers)
+    return {"rule": rule.spec, "branches_sampled": finished, "branches_full": branches,
+            "sample_saving": round(1 - finished / branches, 4) if branches else None,
+            "token_saving": round(1 - kept_tokens / tokens, 4) if tokens else None,
+            "vote_agreement": round(agree / n, 4) if n else None}
+
+
 def curve(branch_answers, branch_tokens, specs: Sequence[str] = CURVE) -> list[dict]:
     return [replay_rule(StopRule.parse(spec), branch_answers, branch_tokens) for spec in specs]
 
@@ -45,3 +74,67 @@ def choose(points: Sequence[dict], target: float) -> dict[str, str | None]:
         ok = [p for p in points if p["rule"].startswith(family) and (p["vote_agreement"] or 0) >= target]
         chosen[family] = max(ok, key=lambda p: p["token_saving"])["rule"] if ok else None
     return chosen
+
+
+def lowest_confidences(branch_minima: Sequence[Sequence[Sequence[Sequence[float]]]]) -> list[float]:
+    """Every trace's lowest window confidence (the last of its minima; traces shorter than the
+    window have none and are left out)."""
+    return [minima[-1][1] for problem in branch_minima for minima in problem if minima]
+
+
+def percentile_threshold(lowest: Sequence[float], pct: float) -> float | None:
+    """The threshold below which ``pct``% of the traces' lowest window confidences fall."""
+    if len(lowest) < 2:
+        return None
+    return statistics.quantiles(lowest, n=100, method="inclusive")[max(1, min(99, round(pct))) - 1]
+
+
+def replay_trace_stop(rule: StopRule, branch_answers, branch_tokens, branch_minima, threshold: float,
+                      concurrent: bool) -> dict:
+    """``rule`` with a trace stop at ``threshold`` on every branch, in rounds (``concurrent``
+    False, as ``adaptive_fork``) or all at once with the scheduler's group stop. A stopped trace
+    ends one token after its window fell below ``threshold`` and casts no vote."""
+    used_all = tokens_all = voted = stopped = agree = 0
+    for answers, tokens, minima in zip(branch_answers, branch_tokens, branch_minima):
+        n = len(answers)
+        stops = [first_stop(m, threshold) for m in minima]
+        votes = [s is None or s >= t for s, t in zip(stops, tokens)]
+        cost = [t if v else s + 1 for s, t, v in zip(stops, tokens, votes)]
+        if concurrent:
+            used, voters = replay_concurrent(rule, answers, cost, votes)
+        else:
+            launched: list[int] = []
+            for branches in rule.rounds(n):
+                launched += branches
+                voters = [b for b in launched if votes[b]]
+                if rule.decision({b: answers[b] for b in voters}) is not None:
+                    break
+            used, voters = sum(cost[b] for b in launched), [b for b in launched if votes[b]]
+        used_all, tokens_all = used_all + used, tokens_all + sum(tokens)
+        voted, stopped = voted + len(voters), stopped + votes.count(False)
+        agree += leader([answers[b] for b in voters]) == leader(answers)
+    n = len(branch_answers)
+    full = sum(len(a) for a in branch_answers)
+    return {"rule": rule.spec, "threshold": round(threshold, 4), "applied_by": "scheduler" if concurrent else "rounds",
+            "branches_voting": voted, "branches_full": full, "traces_stopped": stopped,
+            "token_saving": round(1 - used_all / tokens_all, 4) if tokens_all else None,
+            "vote_agreement": round(agree / n, 4) if n else None}
+
+
+def trace_curve(branch_answers, branch_tokens, branch_minima, rule_spec: str,
+                percentiles: Sequence[float] = TRACE_PERCENTILES) -> list[dict]:
+    """A trace stop at each percentile's threshold, alone and under ``rule_spec`` applied in rounds
+    and by the scheduler, replayed on a full run."""
+    lowest = lowest_confidences(branch_minima)
+    points = []
+    for pct in percentiles:
+        threshold = percentile_threshold(lowest, pct)
+        if threshold is None:
+            continue
+        for spec, concurrent in (("none", False), (rule_spec, False), (rule_spec, True)):
+            if spec == "none" and concurrent:
+                continue
+            point = replay_trace_stop(StopRule.parse(spec), branch_answers, branch_tokens, branch_minima,
+                                      threshold, concurrent)
+            points.append({"percentile": pct, **point})
+    return points

@@ -75,7 +75,9 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
     r = mine[0]
     if r.get("stop_rule"):  # adaptive sampling: what the rule sampled, against the replay of it
         sampled, full = sum(x["branches_sampled"] for x in mine), sum(x["branches_full"] for x in mine)
-        return (f"`{r['stop_rule']}` sampled {sampled:,} of {full:,} branches; completion tokens "
+        verb = "let" if r.get("stop_applied_by") == "scheduler" else "sampled"
+        ended = " finish (the scheduler stopped the rest)" if verb == "let" else ""
+        return (f"`{r['stop_rule']}` {verb} {sampled:,} of {full:,} branches{ended}; completion tokens "
                 f"{_mean(x['completion_tokens_vs_exact'] for x in mine):.2f}x (replay of the rule: "
                 f"{1 - _mean(x['replay_token_saving'] for x in mine):.2f}x)")
     if r.get("asks_substituted_branches") is not None:
@@ -131,9 +133,13 @@ SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / a
 def summary_rows(results: Path = RESULTS) -> list[list[str]]:
     speed = latest_rows(results / "speed.jsonl")
     adaptive = results / "adaptive" / "sc.jsonl"
+    adaptive_modes = {r["mode"] for r in latest_rows(adaptive)} if adaptive.exists() else set()
+    in_scheduler = "group-stop" in adaptive_modes
     return [
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive)}", "early stop (adaptive vote)", adaptive,
-                      "adaptive")] if adaptive.exists() else []),
+                      "adaptive")] if "adaptive" in adaptive_modes else []),
+        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive)}", "early stop in the scheduler (group vote)",
+                      adaptive, "group-stop")] if in_scheduler else []),
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50", "ASKS",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",

@@ -32,6 +32,8 @@ class BenchSettings(SamplingConfig):
     cgee_thresholds: str | None = None
     # The ``adaptive`` mode's stop rule (``rksc_sgl.adaptive.StopRule.parse`` syntax).
     stop_rule: str = "esc:3"
+    # The ``*+trace`` modes' trace-confidence threshold (window and top-K: ``programs.sc``'s).
+    trace_stop: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,6 +49,8 @@ class BenchSettings(SamplingConfig):
             except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
                 raise ValueError(
                     f"--cgee-thresholds {self.cgee_thresholds!r}: not a calibrate_cgee file ({e!r})") from e
+        if self.trace_stop is not None and not self.trace_stop > 0:
+            raise ValueError(f"--trace-stop must be a threshold > 0, got {self.trace_stop}")
         if self.shots < 0:
             raise ValueError(f"--shots must be >= 0, got {self.shots}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -63,6 +67,12 @@ class WorkloadRun:
     branch_digests: list[list[str]] = dataclasses.field(default_factory=list)
     _: dataclasses.KW_ONLY  # the rest by name: a field inserted here once shifted positional callers
     branch_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # completion tokens per branch
+    # Per problem, each listed branch's index, where they are not 0..k-1 (a runtime group stop
+    # keeps the branches that finished first, whichever they are); empty: 0..k-1.
+    branch_indices: list[list[int]] = dataclasses.field(default_factory=list)
+    # Per problem, per branch: where its trace confidence reached new lows (``programs.sc``), so
+    # trace stops replay offline on this run; empty where the workload does not record them.
+    branch_conf_minima: list[list[list]] = dataclasses.field(default_factory=list)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
     # verifier that CGEE error is measured against); subtracted from the mode's wall time, and the
@@ -89,14 +99,20 @@ def stop_rule(mode: Mode, settings: BenchSettings) -> StopRule | None:
 
 
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
-    from programs.sc import solve_batch
+    from programs.sc import CONF_TOP_K, solve_batch
 
+    # Every mode asks for the top-K log-probabilities (the same work in each), so that exact's
+    # branches carry their trace confidence for the offline replay of trace stops.
     results = solve_batch(problems, settings, backend, progress_bar=False, exemplars=exemplars, diverse=diverse,
-                          num_threads=settings.max_concurrency, rule=stop_rule(mode, settings))
+                          num_threads=settings.max_concurrency, rule=stop_rule(mode, settings),
+                          in_runtime=mode.group_stop, conf_top_k=CONF_TOP_K,
+                          trace_stop=settings.trace_stop if mode.trace_stop else None)
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [[b.answer for b in r.branches] for r in results],
                        [[digest(b.text) for b in r.branches] for r in results],
-                       branch_tokens=[[len(b.token_logprobs) for b in r.branches] for r in results])
+                       branch_tokens=[[len(b.token_logprobs) for b in r.branches] for r in results],
+                       branch_indices=[[b.index for b in r.branches] for r in results] if mode.group_stop else [],
+                       branch_conf_minima=[[[list(m) for m in b.conf_minima] for b in r.branches] for r in results])
 
 
 def _run_diverse_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:

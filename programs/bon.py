@@ -30,7 +30,7 @@ def sample_candidates(problems: list[Problem], config: SamplingConfig, backend, 
     """Each problem's candidates: ``programs.sc``'s branches, with their contexts for the verifier
     (with a stop ``rule``: those sampled until it decided the vote)."""
     return [
-        tuple(Candidate(context, extract_answer(p, text), lps) for context, text, lps in branches)
+        tuple(Candidate(context, extract_answer(p, text), lps) for context, text, lps, *_ in branches)
         for p, branches in zip(problems, run_branches(problems, config, backend, first_index=first_index,
                                                         exemplars=exemplars, rule=rule))
     ]

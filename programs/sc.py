@@ -23,12 +23,17 @@ from programs.datasets import Problem, extract_answer, format_question
 from programs.datasets.answers import ANSWER_PATTERNS
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
-from rksc_sgl.frontend import branch_options
+from rksc_sgl.frontend import add_custom_params, branch_options
 from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
-from rksc_sgl.protocol import GROUP_POLICY_KEY, STOP_KEY
+from rksc_sgl.protocol import GROUP_POLICY_KEY, STOP_KEY, ConfStop
+from rksc_sgl.stop_rules import token_confidence, window_minima
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."
+# The trace confidence recorded per branch when asked (``conf_top_k``): DeepConf's token
+# confidence over the top-K log-probabilities, window means over CONF_WINDOW tokens.
+CONF_TOP_K = 5
+CONF_WINDOW = 8
 # Openers of diverse-prompt self-consistency: the first words of each branch's answer.
 OPENERS = (
     "Let me work through this step by step.",
@@ -47,6 +52,10 @@ class Branch:
     text: str
     answer: str | None
     token_logprobs: tuple[float, ...]  # one per generated token
+    index: int = 0  # the branch's index (its seed's), which a runtime group stop may leave gaps in
+    # Where its trace confidence (window ``CONF_WINDOW``, top ``CONF_TOP_K``) reached new lows:
+    # ``rksc_sgl.stop_rules.window_minima``, so any trace-stop threshold replays offline.
+    conf_minima: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,15 +94,22 @@ def branch_seed(seed: int, problem_index: int, branch: int, step: int = 0) -> in
 @sgl.function
 def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int],
                openers: list[str] | None = None, rule: StopRule | None = None,
-               answer_of: Callable[[str], str | None] | None = None):
+               answer_of: Callable[[str], str | None] | None = None, answer_pattern: str | None = None,
+               conf_top_k: int = 0, trace_stop: float | None = None):
     """Branch ``b`` samples with ``seeds[b]``; with a stop ``rule``, branches run in rounds until the
-    rule is decided on ``answer_of(solution)`` of the branches so far."""
+    rule is decided on ``answer_of(solution)`` of the branches so far, or, with ``answer_pattern``
+    (the regex ``answer_of`` reads), all at once with the runtime stopping the rest once decided.
+    ``conf_top_k``: also return each branch's trace-confidence minima (top ``conf_top_k``);
+    ``trace_stop``: the runtime stops a branch whose window confidence falls below it."""
     s += sgl.system(SYSTEM_PROMPT)
     s += sgl.user(prompt)
 
     def branch(f, b: int):
         branch_options(f, sampling_seed=seeds[b])
-        gen = sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
+        if trace_stop is not None:
+            add_custom_params(f, ConfStop(CONF_WINDOW, conf_top_k, trace_stop).to_custom_params())
+        gen = sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True,
+                      **({"top_logprobs_num": conf_top_k} if conf_top_k else {}))
         if openers:
             f += sgl.assistant_begin()
             f += openers[b] + "\n"
@@ -102,9 +118,21 @@ def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperatu
         else:
             f += sgl.assistant(gen)
 
-    forks = adaptive_fork(s, num_branches, rule, branch, lambda f: answer_of(f["solution"]) if answer_of else None)
-    # Per branch: its whole text (the verifier's context), the solution, its token log-probabilities.
-    return [(f.text(), f["solution"], token_logprobs(f, "solution")) for f in forks]
+    forks = adaptive_fork(s, num_branches, rule, branch, lambda f: answer_of(f["solution"]) if answer_of else None,
+                          answer_pattern=answer_pattern)
+    # Per finished branch: its whole text (the verifier's context), the solution, its token
+    # log-probabilities, its index, its trace-confidence minima (when asked).
+    return [(f.text(), f["solution"], token_logprobs(f, "solution"), b,
+             confidence_minima(f, "solution", conf_top_k) if conf_top_k else ())
+            for f, b in zip(forks, forks.indices)]
+
+
+def confidence_minima(state, var_name: str, top_k: int, window: int = CONF_WINDOW) -> tuple[tuple[int, float], ...]:
+    """The trace-confidence minima of a gen (``top_logprobs_num >= top_k``), as the scheduler's
+    trace stop computes them (``radix_ext.early_stop``), rounded to 4 decimals."""
+    steps = state.get_meta_info(var_name).get("output_top_logprobs") or []
+    confidences = [token_confidence([t[0] for t in step], top_k) for step in steps if step]
+    return tuple((k, round(mean, 4)) for k, mean in window_minima(confidences, window))
 
 
 def majority_vote(answers: list[str | None]) -> tuple[str | None, dict[str, int]]:
@@ -119,16 +147,21 @@ def branch_openers(num_branches: int) -> list[str]:
 
 def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                  exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False,
-                 num_threads: int | None = None, rule: StopRule | None = None):
+                 num_threads: int | None = None, rule: StopRule | None = None, in_runtime: bool = False,
+                 conf_top_k: int = 0, trace_stop: float | None = None):
     """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its
-    finished branches' ``(context, solution, token log-probabilities)`` (``rule`` None: all
-    ``config.num_branches``). Problem ``i`` samples with the seeds of index ``first_index + i``."""
+    finished branches' ``(context, solution, token log-probabilities, index)`` (``rule`` None: all
+    ``config.num_branches``; ``in_runtime``: the rule is the runtime's group policy, not rounds),
+    and with ``conf_top_k`` their trace-confidence minima (``trace_stop``: a trace stop on each).
+    Problem ``i`` samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
              seeds=[branch_seed(config.seed, first_index + i, b) for b in range(config.num_branches)],
              openers=branch_openers(config.num_branches) if diverse else None,
-             rule=rule, answer_of=lambda text, p=p: extract_answer(p, text))
+             rule=rule, answer_of=lambda text, p=p: extract_answer(p, text),
+             answer_pattern=ANSWER_PATTERNS["letter" if p.choices else "number"] if in_runtime else None,
+             conf_top_k=conf_top_k, trace_stop=trace_stop)
         for i, p in enumerate(problems)
     ]
     states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=num_threads or len(problems) or 1)
@@ -137,15 +170,20 @@ def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, fi
 
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, progress_bar: bool = True,
                 exemplars: tuple[Problem, ...] = (), diverse: bool = False,
-                num_threads: int | None = None, rule: StopRule | None = None) -> list[VoteResult]:
+                num_threads: int | None = None, rule: StopRule | None = None,
+                in_runtime: bool = False, conf_top_k: int = 0, trace_stop: float | None = None) -> list[VoteResult]:
     """Run self-consistency on every problem (``num_threads`` at a time, default all, through the
     given frontend backend); ``diverse``: each branch starts its answer with its own opener;
-    ``rule``: stop sampling a problem's branches once its vote is decided."""
+    ``rule``: stop sampling a problem's branches once its vote is decided, in rounds, or
+    (``in_runtime``) by the runtime's group stop with every branch launched at once; ``conf_top_k``:
+    record each branch's trace-confidence minima."""
     results = []
     for problem, branches_out in zip(problems, run_branches(problems, config, backend, exemplars=exemplars,
                                                              diverse=diverse, progress_bar=progress_bar,
-                                                             num_threads=num_threads, rule=rule)):
-        branches = tuple(Branch(text, extract_answer(problem, text), lps) for _, text, lps in branches_out)
+                                                             num_threads=num_threads, rule=rule, in_runtime=in_runtime,
+                                                             conf_top_k=conf_top_k, trace_stop=trace_stop)):
+        branches = tuple(Branch(text, extract_answer(problem, text), lps, b, minima)
+                         for _, text, lps, b, minima in branches_out)
         answer, votes = majority_vote([b.answer for b in branches])
         results.append(VoteResult(problem, branches, answer, votes))
     return results

@@ -12,16 +12,25 @@ round the rule sees the answers of every branch so far and, once decided, no fur
 launched. The body receives each branch's index, so a per-branch seed (``branch_options(f,
 sampling_seed=seeds[b])``) makes branch ``b`` draw the same sample whether it ran in a round or in
 one full fork: the finished branches of an early-stopped run are the full run's first ones, and
-``replay`` on a full run's answers gives where the rule stops. Torch- and SGLang-free.
+``replay`` on a full run's answers gives where the rule stops.
+
+With an ``answer_pattern`` the rule runs in the runtime instead (``radix_ext.early_stop``): every
+branch is launched at once, tagged with one fresh group and the rule as the group's policy; once
+the vote over the branches that finished is decided, the scheduler stops the others, which cost
+only the tokens they had decoded (one round, no program round trips). The branches that finish
+first are the shortest, not the first by index: ``replay_concurrent`` replays that on a full
+run's answers and token counts. Torch- and SGLang-free (the fork needs our runtime).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import uuid
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from rksc_sgl.protocol import GroupPolicy, GroupTag, stopped_by_runtime
 from rksc_sgl.stop_rules import RULES, decide
 
 NAMES = ("none", *RULES)
@@ -87,6 +96,20 @@ class StopRule:
         return decide(self.name, dict(enumerate(answers)), window=self.window, confidence=self.confidence,
                       min_samples=self.min_samples) is not None
 
+    def decision(self, answers: dict[int, Hashable | None]) -> Hashable | None:
+        """The decided answer over ``answers`` (branch index -> answer; any indices), or None."""
+        if self.name == "none":
+            return None
+        return decide(self.name, answers, window=self.window, confidence=self.confidence, min_samples=self.min_samples)
+
+    def group_policy(self, answer_pattern: str) -> GroupPolicy | None:
+        """The rule as the runtime's group policy (``rksc_group_policy``), votes read with
+        ``answer_pattern``; None for ``none``."""
+        if self.name == "none":
+            return None
+        return GroupPolicy(answer_pattern, self.name, window=self.window if self.name == "esc" else 3,
+                           confidence=self.confidence if self.name == "beta" else 0.95, min_samples=self.min_samples)
+
     def rounds(self, num_branches: int) -> list[range]:
         """The branch indices launched together, in order (``none``: all at once)."""
         step = num_branches if self.name == "none" else self.window
@@ -111,11 +134,41 @@ def replay(rule: StopRule, answers: Sequence[Hashable | None]) -> int:
     return len(answers)
 
 
+def replay_concurrent(rule: StopRule, answers: Sequence[Hashable | None], tokens: Sequence[int],
+                      votes: Sequence[bool] | None = None) -> tuple[int, list[int]]:
+    """The runtime group stop replayed on a full run's branches (answers and completion tokens,
+    by index): all start together and decode one token per step, branch ``b`` finishing at step
+    ``tokens[b]`` (ties by index); the rule sees the finished branches after each finish, and once
+    it is decided the others stop one token later (the scheduler stops a request at the step after
+    the decision). ``votes[b]`` False: branch ``b`` ends at ``tokens[b]`` without a vote (a trace
+    stop). Returns the tokens decoded in all, and the indices that finished with a vote."""
+    n = len(answers)
+    votes = [True] * n if votes is None else list(votes)
+    finished: dict[int, Hashable | None] = {}
+    done: set[int] = set()
+    for b in sorted(range(n), key=lambda b: (tokens[b], b)):
+        done.add(b)
+        if not votes[b]:
+            continue
+        finished[b] = answers[b]
+        step = tokens[b]
+        if len(done) < n and rule.decision(finished) is not None:
+            # Branches finishing at this same step were finished already when the vote was read.
+            same = {i for i in range(n) if i not in done and tokens[i] <= step}
+            finished |= {i: answers[i] for i in same if votes[i]}
+            done |= same
+            used = sum(tokens[i] if i in done else min(tokens[i], step + 1) for i in range(n))
+            return used, sorted(finished)
+    return sum(tokens), sorted(finished)
+
+
 @dataclasses.dataclass(frozen=True)
 class AdaptiveForks:
     forks: tuple[Any, ...]  # the finished branches' program states, by branch index (joined, readable)
     answers: tuple[Hashable | None, ...]  # per finished branch, its vote
-    decided: bool  # the rule was decided (the vote is settled; later branches were not launched)
+    decided: bool  # the rule was decided (the vote is settled; later branches were not launched or were stopped)
+    indices: tuple[int, ...] = ()  # each finished branch's index (rounds: 0..k-1; in the runtime: any)
+    stopped: int = 0  # branches the runtime stopped (the vote was decided, or a trace stop): no vote
 
     def __len__(self) -> int:
         return len(self.forks)
@@ -125,22 +178,56 @@ class AdaptiveForks:
 
 
 def adaptive_fork(s, num_branches: int, rule: StopRule | None, body: Callable[[Any, int], None],
-                  answer: Callable[[Any], Hashable | None]) -> AdaptiveForks:
+                  answer: Callable[[Any], Hashable | None], *, answer_pattern: str | None = None) -> AdaptiveForks:
     """Fork ``s`` into at most ``num_branches`` branches until ``rule`` is decided (None: ``none``).
 
     ``body(fork, branch)`` adds branch ``branch``'s expressions to its fork, as after ``s.fork``;
     ``answer(fork)`` reads the branch's vote (it waits for the branch's generation). Each round's
     forks are joined once their answers are read; their text and variables stay readable.
+
+    ``answer_pattern`` (a regex whose last match, its group 1 if any, is a branch's vote, as
+    ``answer`` reads it): launch every branch at once and let the runtime stop the others once
+    the vote over the finished ones is decided (our server or engine). The result holds the
+    branches that finished by themselves, with their ``indices``; the stopped ones are counted.
     """
     rule = rule or StopRule()
-    forks, answers = [], []
+    if answer_pattern is not None and rule.name != "none":
+        return _fork_in_runtime(s, num_branches, rule, body, answer, rule.group_policy(answer_pattern))
+    forks, answers, indices, stopped = [], [], [], 0
     for branches in rule.rounds(num_branches):
         group = s.fork(len(branches))
         for fork, branch in zip(group, branches):
             body(fork, branch)
-        answers += [answer(fork) for fork in group]
+        votes = [answer(fork) for fork in group]
         group.join()  # ends the round's worker threads
-        forks += group.states
-        if rule.decided(answers):
-            return AdaptiveForks(tuple(forks), tuple(answers), True)
-    return AdaptiveForks(tuple(forks), tuple(answers), False)
+        for state, branch, vote in zip(group.states, branches, votes):
+            if _stopped(state):  # a trace stop the branch's own options asked for: no vote
+                stopped += 1
+                continue
+            forks.append(state), answers.append(vote), indices.append(branch)
+        if rule.decision(dict(zip(indices, answers))) is not None:
+            return AdaptiveForks(tuple(forks), tuple(answers), True, tuple(indices), stopped)
+    return AdaptiveForks(tuple(forks), tuple(answers), False, tuple(indices), stopped)
+
+
+def _stopped(state) -> bool:
+    """Whether the runtime stopped any gen of a (joined) fork early (``rksc_stop``)."""
+    return any(stopped_by_runtime(m) for m in getattr(state.stream_executor, "meta_info", {}).values())
+
+
+def _fork_in_runtime(s, num_branches: int, rule: StopRule, body, answer, policy: GroupPolicy) -> AdaptiveForks:
+    from rksc_sgl.frontend import add_custom_params  # SGLang's frontend, only where a program runs
+
+    group_id = uuid.uuid4().hex  # fresh per call: no other program's votes can reach this group
+    forks = s.fork(num_branches)
+    for branch, fork in enumerate(forks):
+        add_custom_params(fork, {**GroupTag(group_id, branch).to_custom_params(), **policy.to_custom_params()})
+        body(fork, branch)
+    votes = [answer(fork) for fork in forks]  # waits for every branch, finished or stopped
+    forks.join()
+    states = forks.states
+    stopped = {b for b, state in enumerate(states) if _stopped(state)}
+    kept = [b for b in range(num_branches) if b not in stopped]
+    decided = bool(stopped) or rule.decision({b: votes[b] for b in kept}) is not None
+    return AdaptiveForks(tuple(states[b] for b in kept), tuple(votes[b] for b in kept), decided, tuple(kept),
+                         len(stopped))

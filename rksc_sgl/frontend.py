@@ -143,13 +143,15 @@ def paraphrase_fork(s, openers, tail: Any = "", *, group: str | None = None):
     for fork, opener in zip(forks, openers):
         fork += opener
         fork += tail
-        _add_custom_params(fork.stream_executor, params)
+        add_custom_params(fork, params)
     backend.prefill(forks[0].text(), custom_params=params)
     return forks
 
 
-def _add_custom_params(executor, entries: dict[str, Any]) -> None:
-    """Merge ``entries`` into the ``custom_params`` every later gen of ``executor`` sends."""
+def add_custom_params(state, entries: dict[str, Any]) -> None:
+    """Merge ``entries`` into the ``custom_params`` every later gen of one program state (or its
+    executor) sends, beside what ``branch_options`` set."""
+    executor = getattr(state, "stream_executor", state)
     options = dict(getattr(executor, _OPTIONS_ATTR, {}))
     options["custom_params"] = {**(options.get("custom_params") or {}), **entries}
     setattr(executor, _OPTIONS_ATTR, options)

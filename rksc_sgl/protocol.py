@@ -364,3 +364,15 @@ class GroupPolicy:
         if missing:
             raise ValueError(f"custom_params.{GROUP_POLICY_KEY} needs {missing}, got {entry!r}")
         return cls(**entry)
+
+
+def stopped_by_runtime(meta_info: dict[str, Any] | None) -> bool:
+    """Whether a response's ``meta_info`` says the runtime stopped the request early (a trace or
+    group stop): its ``STOP_KEY`` report, or, where that is absent (a stream's last chunk), its
+    finish reason's message."""
+    if not meta_info:
+        return False
+    if meta_info.get(STOP_KEY):
+        return True
+    reason = meta_info.get("finish_reason")
+    return isinstance(reason, dict) and str(reason.get("message") or "").startswith(STOP_MESSAGE_PREFIX)

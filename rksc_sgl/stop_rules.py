@@ -64,6 +64,26 @@ def should_stop_trace(mean_confidence: float | None, threshold: float) -> bool:
     return mean_confidence is not None and mean_confidence < threshold
 
 
+def window_minima(confidences: Sequence[float], window: int) -> list[tuple[int, float]]:
+    """Where a trace's window mean reaches a new low: ``(k, mean)`` for each ``k`` (tokens decoded,
+    ``k >= window``) whose mean over tokens ``k - window .. k - 1`` is below every earlier one. A
+    trace-confidence stop at threshold ``T`` fires at the first ``k`` whose mean is below ``T``,
+    which is always one of these, so they replay any threshold (``first_stop``)."""
+    minima: list[tuple[int, float]] = []
+    tracker = WindowConfidence(window)
+    for k, confidence in enumerate(confidences, start=1):
+        mean = tracker.push(confidence)
+        if mean is not None and (not minima or mean < minima[-1][1]):
+            minima.append((k, mean))
+    return minima
+
+
+def first_stop(minima: Sequence[Sequence[float]], threshold: float) -> int | None:
+    """Tokens decoded when a trace-confidence stop at ``threshold`` fires (``window_minima``'s
+    ``k``), or None if it never does."""
+    return next((int(k) for k, mean in minima if mean < threshold), None)
+
+
 def esc_decision(answers: Mapping[int, str | None], window: int, min_samples: int = 1) -> str | None:
     """The answer of the first complete, unanimous window of branch indices, or None."""
     if len(answers) < min_samples:

@@ -77,3 +77,32 @@ def test_self_consistency_stops_early_on_a_real_problem_and_its_branches_are_the
         assert k < config.num_branches or not rule.decided([b.answer for b in e.branches])
     assert parted <= 1
     assert_no_kv_leak(engine_backend)
+
+
+@sgl.function
+def runtime_program(s, rule, pattern):
+    s += sgl.user("Name a colour.")
+
+    def body(f, b):
+        branch_options(f, sampling_seed=SEEDS[b])
+        # Each branch ends at its first "e", so at its own step.
+        f += sgl.assistant(sgl.gen("out", max_tokens=64, temperature=1.0, stop="e"))
+
+    forks = adaptive_fork(s, len(SEEDS), rule, body, lambda f: "", answer_pattern=pattern)
+    return [f["out"] for f in forks], forks.indices, forks.stopped, forks.decided
+
+
+def test_in_the_runtime_the_first_finished_branches_decide_and_the_scheduler_stops_the_rest(engine_backend):
+    """With an answer pattern the branches run at once and the scheduler applies the rule: every
+    finished member votes "" (pattern ``^``), so Beta at c = 0.7 is decided by the first branch to
+    finish and the branches still running are stopped. The ones that finished are the full run's
+    samples at their indices (same seeds)."""
+    full, _ = run(engine_backend, None, lambda text: text)
+    state = runtime_program.run(StopRule.parse("beta:0.7:1"), "^", backend=engine_backend)
+    assert state.error() is None, state.error()
+    texts, indices, stopped, decided = state.ret_value
+    assert decided and stopped >= 1 and len(indices) + stopped == len(SEEDS), (indices, stopped)
+    assert list(indices) == sorted(indices) and set(indices) <= set(range(len(SEEDS)))
+    # ``program`` samples 12 tokens with no stop string: one text is a prefix of the other.
+    assert sum(not (full[b].startswith(text) or text.startswith(full[b])) for text, b in zip(texts, indices)) <= 1
+    assert_no_kv_leak(engine_backend)

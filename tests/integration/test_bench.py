@@ -26,3 +26,24 @@ def test_bon_verify_writes_a_row_per_mode_with_cgee_columns_and_the_reference_pa
     assert rksc["cgee_errors"] in (0, 1) and rksc["cgee_thresholds"] is not None
     assert rksc["reference_prefill_tokens"] > 0  # the full-depth reference, counted apart from the mode's own
     assert all(len(r["branch_tokens"][0]) == 4 and r["verify_prefill_tokens"] is not None for r in rows)
+
+
+def test_sc_group_stop_sets_the_runtimes_saving_beside_its_replay(tmp_path):
+    """``group-stop`` and ``group-stop+trace`` against ``exact`` on one problem; a trace threshold
+    no window stays above stops every trace that reaches a full window (8 tokens), so the runtime's
+    saving and its replay on exact's recorded confidences must agree."""
+    argv = ["--workload", "sc", "--datasets", "arc-challenge", "--limit", "1", "--shots", "0", "--num-branches", "4",
+            "--max-new-tokens", "24", "--modes", "exact,group-stop,group-stop+trace", "--stop-rule", "beta:0.6:1",
+            "--trace-stop", "100", "--output-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench", *argv], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    exact, stopped, traced = [json.loads(line) for line in (tmp_path / "sc.jsonl").read_text().splitlines()]
+    assert (exact["mode"], stopped["mode"], stopped["stop_applied_by"]) == ("exact", "group-stop", "scheduler")
+    assert len(exact["branch_answers"][0]) == 4 and len(exact["branch_conf_minima"][0]) == 4
+    assert stopped["branches_sampled"] == len(stopped["branch_indices"][0]) >= 1
+    assert stopped["replay_token_saving"] is not None and stopped["token_saving"] is not None
+    assert stopped["branch_answer_agreement_vs_exact"] is not None
+    assert traced["trace_stop"] == 100 and abs(traced["token_saving"] - traced["replay_token_saving"]) <= 0.05
+    curve = json.loads((tmp_path / "sc_stop_curve.json").read_text())
+    assert curve["datasets"]["arc-challenge"]["trace_points"]

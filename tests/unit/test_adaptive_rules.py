@@ -77,3 +77,36 @@ class TestParse:
     def test_bad_specs_name_the_bad_value(self, spec, message):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             StopRule.parse(spec)
+
+
+class TestReplayConcurrent:
+    """The runtime's group stop: every branch at once, the shortest finish first, the others stop
+    one token after the decision."""
+
+    def test_the_shortest_branches_vote_first_and_the_rest_stop_one_token_later(self):
+        from rksc_sgl.adaptive import replay_concurrent
+
+        answers = ["B", "A", "A", "B", "A"]
+        tokens = [50, 10, 12, 40, 14]  # A, A, A finish at steps 10, 12, 14: beta:0.9:1 decides at 14
+        used, kept = replay_concurrent(StopRule.parse("beta:0.9:1"), answers, tokens)
+        assert kept == [1, 2, 4] and used == 10 + 12 + 14 + 15 + 15
+
+    def test_an_undecided_vote_decodes_every_branch(self):
+        from rksc_sgl.adaptive import replay_concurrent
+
+        used, kept = replay_concurrent(StopRule.parse("esc:2"), ["A", "B", "C"], [5, 6, 7])
+        assert used == 18 and kept == [0, 1, 2]
+        assert replay_concurrent(StopRule.parse("none"), ["A"] * 4, [3] * 4) == (12, [0, 1, 2, 3])
+
+    def test_esc_waits_for_a_window_by_index_whatever_finishes_first(self):
+        from rksc_sgl.adaptive import replay_concurrent
+
+        # Branches 2 and 3 (window 1) finish first with one answer; window 0 (0, 1) finishes last.
+        used, kept = replay_concurrent(StopRule.parse("esc:2"), ["A", "B", "C", "C"], [30, 31, 5, 6])
+        assert kept == [2, 3] and used == 5 + 6 + 7 + 7
+
+    def test_the_group_policy_carries_the_rule(self):
+        esc, beta = StopRule.parse("esc:3").group_policy("x"), StopRule.parse("beta:0.8:4").group_policy("x")
+        assert (esc.rule, esc.window, esc.min_samples) == ("esc", 3, 1)
+        assert (beta.rule, beta.confidence, beta.min_samples) == ("beta", 0.8, 4)
+        assert StopRule.parse("none").group_policy("x") is None

@@ -166,6 +166,9 @@ def test_stop_rule_is_checked_at_start_naming_the_flag_and_adaptive_needs_a_voti
     assert adaptive.adaptive and not adaptive.mechanisms and adaptive.engine_overrides() == {}
     for argv, message in ((["--stop-rule", "esc:1"], "--stop-rule"), (["--stop-rule", "beta:2"], "--stop-rule"),
                           (["--modes", "adaptive", "--workload", "tot"], "adaptive runs only"),
+                          (["--modes", "group-stop", "--workload", "bon-verify"], "group-stop runs only"),
+                          (["--modes", "group-stop+trace"], "need --trace-stop"),
+                          (["--modes", "group-stop+trace", "--trace-stop", "-1"], "--trace-stop"),
                           (["--calibration-offset", "-1"], "--calibration-offset")):
         with pytest.raises(SystemExit):
             parse_args(argv)

@@ -47,6 +47,14 @@ class TestBranchAgreement:
 
         assert branch_agreement([["1", "2"], ["3", None]], [["1", "9"], ["3", None]]) == 0.75
 
+    def test_a_group_stopped_run_is_compared_at_its_branches_indices(self):
+        from benchmarks.stats import branch_agreement
+
+        reference = [["1", "2", "3", "4"]]
+        assert branch_agreement([["2", "4"]], reference, [[1, 3]]) == 1.0
+        assert branch_agreement([["2", "9"]], reference, [[1, 3]]) == 0.5
+        assert branch_agreement([["2"]], reference, [[7]]) is None
+
     def test_runs_of_different_shapes_are_not_compared(self):
         from benchmarks.stats import branch_agreement
 

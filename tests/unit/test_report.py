@@ -96,7 +96,7 @@ def test_adaptive_table_sets_the_runtime_saving_beside_the_replay_and_the_curve_
            "answer_agreement_vs_exact": 0.95, "replay_vote_agreement": 0.95, "accuracy": 0.3,
            "accuracy_ci95": [0.15, 0.5], "vote_skip_rate": None}
     (*_, line) = adaptive_table([{"mode": "exact", "dataset": "arc-challenge"}, row])
-    assert line.startswith("| arc-challenge | `esc:3` | 200 / 320 | 0.620 | 38.0% | 36.0% | 37.5% (35.0%) | 1.40 |")
+    assert line.startswith("| arc-challenge | adaptive | `esc:3` | 200 / 320 | 0.620 | 38.0% | 36.0% | 37.5% (35.0%) | 1.40 |")
     assert adaptive_table([{"mode": "exact"}]) == []
     curve = {"workload": "sc", "n_problems": 20, "calibration_offset": 20, "num_branches": 16, "commit": "abc",
              "command": "python -m benchmarks.bench --calibration-offset 20",
@@ -146,6 +146,16 @@ def test_the_summary_says_how_many_same_topic_controls_the_asks_gate_accepted():
     assert _did([exact, older], [older]).endswith("prefill 0.80x")
 
 
+def test_the_summary_says_whether_the_program_or_the_scheduler_applied_the_stop_rule():
+    from benchmarks.tables import _did
+
+    row = {"dataset": "gsm8k", "mode": "adaptive", "stop_rule": "beta:0.9", "branches_sampled": 600,
+           "branches_full": 800, "completion_tokens_vs_exact": 0.7, "replay_token_saving": 0.25}
+    assert _did([row], [row]).startswith("`beta:0.9` sampled 600 of 800 branches; completion tokens 0.70x")
+    group = {**row, "mode": "group-stop", "stop_applied_by": "scheduler"}
+    assert _did([group], [group]).startswith("`beta:0.9` let 600 of 800 branches finish (the scheduler stopped the rest)")
+
+
 def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_no_layer_exit(tmp_path):
     import json
 
@@ -165,3 +175,40 @@ def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_n
     assert "| pooled (`RkscConfig` defaults) | 100 | 0.4 | 0.5 | 4 | 11.2% | 3/100 | 4.7% |" in out
     assert "| `gsm8k` | 100 | 0.3 |" in out and "3 shots, 96 new tokens" in out
     assert "at most 60% of problems (layer 3)" in out
+
+
+def test_a_curve_run_a_dataset_at_a_time_keeps_the_earlier_datasets_with_their_own_command(tmp_path):
+    import json
+
+    from benchmarks.bench import earlier_curves
+    from benchmarks.report import curve_table
+
+    point = {"rule": "esc:3", "branches_sampled": 1, "branches_full": 2, "sample_saving": 0.5, "token_saving": 0.5,
+             "vote_agreement": 1.0}
+    entry = {"points": [point], "chosen_at_0.95": {"esc": "esc:3", "beta": None}}
+    path = tmp_path / "sc_stop_curve.json"
+    path.write_text(json.dumps({"workload": "sc", "n_problems": 50, "num_branches": 16, "commit": "old",
+                                "command": "bench --datasets arc-challenge", "datasets": {"arc-challenge": entry}}))
+    merged = earlier_curves(path)
+    assert merged["arc-challenge"]["commit"] == "old" and merged["arc-challenge"]["points"] == [point]
+    merged["gsm8k"] = {**entry, "commit": "new", "command": "bench --datasets gsm8k", "n_problems": 50}
+    text = curve_table({"workload": "sc", "n_problems": 50, "num_branches": 16, "commit": "new",
+                        "command": "bench --datasets gsm8k", "datasets": merged})
+    assert "arc-challenge: Replayed" in text and "commit old" in text and "bench --datasets arc-challenge" in text
+    assert "gsm8k: Replayed" in text and "commit new" in text and text.count("| dataset | rule |") == 1
+    assert earlier_curves(tmp_path / "absent.json") == {}
+
+
+def test_a_curve_with_trace_points_gets_the_trace_stop_table():
+    from benchmarks.report import curve_table
+
+    point = {"rule": "esc:3", "branches_sampled": 1, "branches_full": 2, "sample_saving": 0.5, "token_saving": 0.5,
+             "vote_agreement": 1.0}
+    trace = {"percentile": 25, "rule": "beta:0.9", "threshold": 1.2345, "applied_by": "scheduler",
+             "branches_voting": 12, "branches_full": 16, "traces_stopped": 3, "token_saving": 0.3, "vote_agreement": 0.9}
+    entry = {"points": [point], "chosen_at_0.95": {"esc": "esc:3", "beta": None}}
+    curve = {"workload": "sc", "n_problems": 1, "num_branches": 16, "commit": "c", "command": "bench",
+             "datasets": {"gpqa": entry}}
+    assert "Trace stops" not in curve_table(curve)
+    curve["datasets"]["gpqa"] = {**entry, "trace_points": [trace]}
+    assert "| gpqa | 1.234 (p25) | `beta:0.9` | scheduler | 3 | 12 / 16 | 30.0% | 0.90 |" in curve_table(curve)

@@ -36,3 +36,47 @@ def test_choose_takes_the_largest_saving_that_reaches_the_target():
               {"rule": "esc:4", "token_saving": 0.2, "vote_agreement": 1.0},
               {"rule": "beta:0.6", "token_saving": 0.6, "vote_agreement": 0.5}]
     assert choose(points, 0.95) == {"esc": "esc:3", "beta": None}
+
+
+def test_the_group_stop_replay_keeps_the_branches_that_finish_first():
+    from benchmarks.stop_replay import replay_group_stop
+
+    # Problem 1: the three short A's decide beta:0.9:1 at step 3; the 3 others stop at 4 tokens.
+    point = replay_group_stop(StopRule.parse("beta:0.9:1"), [["A", "A", "A", "B", "B", "B"]], [[1, 2, 3, 9, 9, 9]])
+    assert point["branches_sampled"] == 3 and point["token_saving"] == round(1 - (6 + 12) / 33, 4)
+    assert point["vote_agreement"] == 1.0  # the full vote is a tie A/B, A seen first
+
+
+class TestTraceStop:
+    # One problem, 4 branches: branch 3's confidence falls below 1.0 at token 2 (a wrong answer).
+    ANSWERS = [["A", "A", "A", "B"]]
+    TOKENS = [[10, 10, 10, 10]]
+    MINIMA = [[[[4, 2.0]], [[4, 2.5]], [[4, 3.0]], [[2, 1.5], [3, 0.5]]]]
+
+    def test_a_stopped_trace_costs_one_token_past_its_stop_and_casts_no_vote(self):
+        from benchmarks.stop_replay import replay_trace_stop
+
+        point = replay_trace_stop(StopRule.parse("none"), self.ANSWERS, self.TOKENS, self.MINIMA, 1.0, False)
+        assert point["traces_stopped"] == 1 and point["branches_voting"] == 3
+        assert point["token_saving"] == round(1 - 34 / 40, 4) and point["vote_agreement"] == 1.0
+        untouched = replay_trace_stop(StopRule.parse("none"), self.ANSWERS, self.TOKENS, self.MINIMA, 0.1, False)
+        assert untouched["traces_stopped"] == 0 and untouched["token_saving"] == 0.0
+
+    def test_on_top_of_a_rule_in_rounds_and_in_the_scheduler(self):
+        from benchmarks.stop_replay import replay_trace_stop
+
+        rounds = replay_trace_stop(StopRule.parse("esc:2"), self.ANSWERS, self.TOKENS, self.MINIMA, 1.0, False)
+        assert rounds["branches_voting"] == 2 and rounds["token_saving"] == 0.5  # decided after round 1
+        tokens = [[10, 10, 12, 12]]  # branches 0, 1 finish first and decide esc:2; 2 stops at 11
+        at_once = replay_trace_stop(StopRule.parse("esc:2"), self.ANSWERS, tokens, self.MINIMA, 1.0, True)
+        assert at_once["branches_voting"] == 2 and at_once["token_saving"] == round(1 - (10 + 10 + 11 + 4) / 44, 4)
+
+    def test_the_curve_puts_t_at_percentiles_of_the_lowest_confidences(self):
+        from benchmarks.stop_replay import lowest_confidences, percentile_threshold, trace_curve
+
+        assert lowest_confidences(self.MINIMA) == [2.0, 2.5, 3.0, 0.5]
+        assert percentile_threshold([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+        assert percentile_threshold([1.0], 50) is None
+        points = trace_curve(self.ANSWERS, self.TOKENS, self.MINIMA, "esc:2", percentiles=(50,))
+        assert [(p["rule"], p["applied_by"]) for p in points] == [("none", "rounds"), ("esc:2", "rounds"),
+                                                                    ("esc:2", "scheduler")]

@@ -103,3 +103,24 @@ def test_decide_dispatches_on_the_rule_and_refuses_an_unknown_one():
     with pytest.raises(ValueError, match="unknown stop rule 'x'"):
         decide("x", answers)
     assert stop_rules.RULES == ("esc", "beta")
+
+
+class TestWindowMinima:
+    def test_every_threshold_stops_where_a_step_by_step_window_would(self):
+        rng = random.Random(5)
+        for _ in range(200):
+            confidences = [rng.uniform(0.0, 3.0) for _ in range(rng.randint(1, 40))]
+            window = rng.randint(1, 6)
+            minima = stop_rules.window_minima(confidences, window)
+            for threshold in (0.5, 1.0, 1.5, 2.0, 2.5):
+                tracker, expected = WindowConfidence(window), None
+                for k, c in enumerate(confidences, start=1):
+                    if stop_rules.should_stop_trace(tracker.push(c), threshold):
+                        expected = k
+                        break
+                assert stop_rules.first_stop(minima, threshold) == expected
+
+    def test_minima_fall_and_a_trace_shorter_than_its_window_has_none(self):
+        minima = stop_rules.window_minima([3.0, 1.0, 2.0, 0.5, 4.0], 2)
+        assert minima == [(2, 2.0), (3, 1.5), (4, 1.25)]  # 0.5 + 4.0 at k = 5 is no new low
+        assert stop_rules.window_minima([1.0], 2) == [] and stop_rules.first_stop([], 9.0) is None

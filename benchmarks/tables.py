@@ -77,7 +77,8 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
         sampled, full = sum(x["branches_sampled"] for x in mine), sum(x["branches_full"] for x in mine)
         verb = "let" if r.get("stop_applied_by") == "scheduler" else "sampled"
         ended = " finish (the scheduler stopped the rest)" if verb == "let" else ""
-        return (f"`{r['stop_rule']}` {verb} {sampled:,} of {full:,} branches{ended}; completion tokens "
+        rules = ", ".join(f"`{x}`" for x in dict.fromkeys(x["stop_rule"] for x in mine))
+        return (f"{rules} {verb} {sampled:,} of {full:,} branches{ended}; completion tokens "
                 f"{_mean(x['completion_tokens_vs_exact'] for x in mine):.2f}x (replay of the rule: "
                 f"{1 - _mean(x['replay_token_saving'] for x in mine):.2f}x)")
     if r.get("asks_substituted_branches") is not None:
@@ -100,9 +101,9 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
     return f"prefill {share:.2f}x, {sum(x['evictions'] for x in mine):,} tokens evicted"
 
 
-def _datasets(path: Path) -> str:
-    """The latest run's datasets and problems per dataset, e.g. ``mmlu-stem x50``."""
-    rows = _mode(latest_rows(path), "exact")
+def _datasets(path: Path, mode: str = "exact") -> str:
+    """The datasets of the latest run's rows of ``mode`` and problems per dataset, e.g. ``mmlu-stem x50``."""
+    rows = _mode(latest_rows(path), mode)
     return ", ".join(sorted({r["dataset"] for r in rows})) + f" x{rows[0]['n_problems']}"
 
 
@@ -136,10 +137,10 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
     adaptive_modes = {r["mode"] for r in latest_rows(adaptive)} if adaptive.exists() else set()
     in_scheduler = "group-stop" in adaptive_modes
     return [
-        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive)}", "early stop (adaptive vote)", adaptive,
-                      "adaptive")] if "adaptive" in adaptive_modes else []),
-        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive)}", "early stop in the scheduler (group vote)",
-                      adaptive, "group-stop")] if in_scheduler else []),
+        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'adaptive')}", "early stop (adaptive vote)",
+                      adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
+        *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'group-stop')}",
+                      "early stop in the scheduler (group vote)", adaptive, "group-stop")] if in_scheduler else []),
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50", "ASKS",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",

@@ -10,6 +10,9 @@ UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 STAMP := $(VENV)/.rksc-installed
 PYTEST_ARGS ?=
+# SWIG's builtin types (loaded with SGLang's dependencies) warn "has no __module__ attribute" at
+# interpreter shutdown, from module sys, after pytest's summary line: the run ends with that line.
+PYTEST := PYTHONWARNINGS=ignore::DeprecationWarning:sys $(PY) -m pytest
 
 .PHONY: install model front demo test test-unit test-integration bench lock clean
 
@@ -51,13 +54,13 @@ demo: model
 	$(PY) -m programs.demo
 
 test: model front
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PYTEST) -m "not integration" $(PYTEST_ARGS)
 
 test-integration: model front
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PYTEST) -m integration $(PYTEST_ARGS)
 
 bench: model
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)

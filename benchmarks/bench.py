@@ -276,6 +276,8 @@ def build_rows(args, results, meta) -> list[dict]:
                 **({"branch_indices": run.branch_indices} if run.branch_indices else {}),
                 **({"branch_conf_minima": run.branch_conf_minima}
                    if run.branch_conf_minima and mode.name == "exact" else {}),
+                **({"branch_policy_answers": run.branch_policy_answers}
+                   if run.branch_policy_answers and mode.name == "exact" else {}),
             })
     return rows
 
@@ -298,12 +300,12 @@ def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
     rule, e = StopRule.parse(args.stop_rule), exact["run"]
     if mode.trace_stop:
         replayed = replay_trace_stop(rule, e.branch_answers, e.branch_tokens, e.branch_conf_minima, args.trace_stop,
-                                     concurrent=mode.group_stop)
+                                     concurrent=mode.group_stop, branch_read=e.branch_policy_answers or None)
         replayed["branches_sampled"] = replayed["branches_voting"]
         replayed["sample_saving"] = round(1 - replayed["branches_voting"] / replayed["branches_full"], 4)
     else:
-        replayer = replay_group_stop if mode.group_stop else replay_rule
-        replayed = replayer(rule, e.branch_answers, e.branch_tokens)
+        replayed = (replay_group_stop(rule, e.branch_answers, e.branch_tokens, e.branch_policy_answers or None)
+                    if mode.group_stop else replay_rule(rule, e.branch_answers, e.branch_tokens))
     return {**out,
             "completion_tokens_vs_exact": st.ratio(counters.completion_tokens, exact_tokens),
             "sample_saving": round(1 - sampled / full, 4) if full else None,
@@ -324,12 +326,13 @@ def write_curve(args, rows, meta) -> Path | None:
     out = args.output_dir / f"{args.workload}_stop_curve{suffix}.json"
     per_dataset = earlier_curves(out)
     for r in exact:
-        points = curve(r["branch_answers"], r["branch_tokens"])
+        points = curve(r["branch_answers"], r["branch_tokens"], branch_read=r.get("branch_policy_answers"))
         per_dataset[r["dataset"]] = {"points": points, "chosen_at_0.95": choose(points, 0.95),
                                      "commit": meta["commit"], "command": meta["command"], "n_problems": args.limit}
         if r.get("branch_conf_minima"):
             per_dataset[r["dataset"]]["trace_points"] = trace_curve(
-                r["branch_answers"], r["branch_tokens"], r["branch_conf_minima"], args.stop_rule)
+                r["branch_answers"], r["branch_tokens"], r["branch_conf_minima"], args.stop_rule,
+                branch_read=r.get("branch_policy_answers"))
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = ("run_id", "model", "commit", "date", "machine", "seed", "settings", "command")
     out.write_text(json.dumps({**{k: meta[k] for k in keep}, "workload": args.workload,

@@ -93,10 +93,15 @@ def plot_curve(path: Path, out_dir: Path) -> list[Path]:
     data = json.loads(Path(path).read_text())
     fig, ax = plt.subplots(figsize=(7, 5))
     for dataset, entry in data["datasets"].items():
-        for family, marker in (("esc", "o"), ("beta", "s")):
-            points = [p for p in entry["points"] if p["rule"].startswith(family)]
+        for (family, applied_by), (marker, style) in {("esc", "rounds"): ("o", "-"), ("beta", "rounds"): ("s", "-"),
+                                                      ("beta", "scheduler"): ("^", ":")}.items():
+            points = [p for p in entry["points"]
+                      if p["rule"].startswith(family) and p.get("applied_by", "rounds") == applied_by]
+            if not points:
+                continue
             line, = ax.plot([p["token_saving"] for p in points], [p["vote_agreement"] for p in points],
-                            marker=marker, label=f"{dataset} {family}")
+                            marker=marker, linestyle=style,
+                            label=f"{dataset} {family}" + (" (scheduler)" if applied_by == "scheduler" else ""))
             for p in points:
                 ax.annotate(p["rule"].split(":", 1)[1], (p["token_saving"], p["vote_agreement"]), fontsize=7,
                             xytext=(3, 3), textcoords="offset points", color=line.get_color())

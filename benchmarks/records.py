@@ -49,8 +49,10 @@ def latest_run(path: Path) -> list[dict]:
     """The newest figures of a results file: for each dataset, the rows of the newest ``run_id``
     that covers it (rows without a dataset count as one). A file written by whole runs gives the
     newest run; a long table run one dataset per process gives each dataset's own run. Datasets
-    keep the order in which the file first names them."""
+    keep the order in which the file first names them. Runs on problems held apart for choosing
+    thresholds (``calibration_offset`` > 0) are never a table's figures."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if not r.get("calibration_offset")]
     if not rows:
         raise ValueError(f"{path} holds no results")
     newest: dict[Any, str] = {}

@@ -167,11 +167,15 @@ def curve_table(curve: dict) -> str:
         out += [f"{which}Replayed on `exact`'s branches: workload `{curve['workload']}`, {problems} problems per "
                 f"dataset from offset {offset}, N = {curve['num_branches']}, commit {commit}. Produced by:", "",
                 "```bash", command, "```", ""]
-    out += ["| dataset | rule | branches sampled / full | samples saved | tokens saved | vote agrees with full N |",
-            "|---|---|---|---|---|---|"]
+    out += ["Rounds: the program launches the branches a round at a time (`adaptive_fork`); scheduler: every "
+            "branch at once, the scheduler's group stop reading each finished branch's answer with the "
+            "dataset's answer pattern (absent from older files: rounds only).", "",
+            "| dataset | rule | applied by | branches sampled / full | samples saved | tokens saved "
+            "| vote agrees with full N |", "|---|---|---|---|---|---|---|"]
     for dataset, entry in curve["datasets"].items():
         for p in entry["points"]:
-            out.append(f"| {dataset} | `{p['rule']}` | {p['branches_sampled']} / {p['branches_full']} "
+            out.append(f"| {dataset} | `{p['rule']}` | {p.get('applied_by', 'rounds')} "
+                       f"| {p['branches_sampled']} / {p['branches_full']} "
                        f"| {_fmt(p['sample_saving'], '.1%')} | {_fmt(p['token_saving'], '.1%')} "
                        f"| {_fmt(p['vote_agreement'], '.2f')} |")
         chosen = ", ".join(f"{k}: `{v}`" if v else f"{k}: none" for k, v in entry["chosen_at_0.95"].items())

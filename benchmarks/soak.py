@@ -16,7 +16,8 @@ random (seeded, ``--seed``) from the mix:
   gives up after a second (either way SGLang must abort it and free its KV);
 * ``bad``: a request that must get a 4xx (the three of issue 22, and others).
 
-Every ``--sample-every-s`` seconds a sampler records the server process tree's resident memory, the
+Every ``--sample-every-s`` seconds a sampler records the server process tree's resident memory
+(in all, and per process: resident and anonymous), the
 KV pool (tokens held by running requests, evictable, free; requests queued and running) and the ASKS
 signature bytes the tree holds. At the end the pool must settle and the server still serve.
 
@@ -144,28 +145,49 @@ class Traffic:
         return "refused" if 400 <= res.status_code < 500 else f"error: HTTP {res.status_code} for {route} {body}"
 
 
-def process_tree_rss_mb(pid: int) -> float:
+def process_tree_memory(pid: int) -> tuple[float, dict[str, dict[str, float]]]:
+    """The server process tree's resident memory (MB), and per process, by its role (its process
+    title: ``sglang::scheduler``, ``sglang::detokenizer``; the launcher, which also runs the HTTP
+    server and the tokenizer, is ``server``), its resident and anonymous memory (``RssAnon``: the
+    heap and what the process allocated, where a leak shows; file-backed pages are the model's
+    weights and libraries)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return float("nan")
-    total = 0
+        return float("nan"), {}
+    total, per_process = 0, {}
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            rss = proc.memory_info().rss
+            role = "server" if proc.pid == pid else proc.name()
         except psutil.NoSuchProcess:
-            pass
-    return round(total / 2**20, 1)
+            continue
+        total += rss
+        role = role if role not in per_process else f"{role}#{proc.pid}"
+        per_process[role] = {"rss_mb": round(rss / 2**20, 1), "anon_mb": anonymous_mb(proc.pid)}
+    return round(total / 2**20, 1), per_process
+
+
+def anonymous_mb(pid: int) -> float | None:
+    """``RssAnon`` of ``/proc/<pid>/status`` in MB (None where there is no such file)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def sample(url: str, pid: int, t: float) -> dict:
     info = requests.get(url + "/server_info", timeout=60).json()["internal_states"][0]
     pool = info[servers.KV_POOL_KEY]
     asks = info.get(STATS_KEY, {}).get("asks") or {}
-    return {"t_s": round(t, 1), "rss_mb": process_tree_rss_mb(pid),
+    rss_mb, processes = process_tree_memory(pid)
+    return {"t_s": round(t, 1), "rss_mb": rss_mb, "processes": processes,
             "kv_in_use": pool["total"] - pool["available"] - pool["evictable"], "kv_evictable": pool["evictable"],
             "kv_available": pool["available"], "queued": pool.get("queued_requests"),
             "running": pool.get("running_requests"), "signature_bytes": asks.get("signature_bytes"),
@@ -256,8 +278,25 @@ def memory_verdict(samples: list[dict], settings: SoakSettings) -> dict:
         slope = sum((t - mt) * (r - mr) for t, r in zip(ts, rss)) / sum((t - mt) ** 2 for t in ts) * 3600
     return {"rss_after_warmup_mb": rss[0], "rss_max_after_warmup_mb": max(rss),
             "rss_growth_mb": round(max(rss) - rss[0], 1), "rss_slope_mb_per_h": round(slope, 1),
+            "growth_by_process_mb": growth_by_process(after),
             "signature_bytes_max": max((s["signature_bytes"] or 0) for s in samples),
             "kv_in_use_max": max(s["kv_in_use"] for s in samples)}
+
+
+def growth_by_process(after: list[dict]) -> dict[str, dict[str, float]]:
+    """Per process role, its resident and anonymous memory's growth from the first sample after
+    warm-up to the largest after it (MB): which process grows, and whether it is heap."""
+    out = {}
+    first = after[0].get("processes") or {}
+    for role in first:
+        growth = {}
+        for key in ("rss_mb", "anon_mb"):
+            values = [s["processes"][role][key] for s in after
+                      if role in (s.get("processes") or {}) and s["processes"][role][key] is not None]
+            if values:
+                growth[key] = round(max(values) - values[0], 1)
+        out[role] = growth
+    return out
 
 
 def plot(record: dict, path: Path) -> None:
@@ -269,7 +308,9 @@ def plot(record: dict, path: Path) -> None:
     samples = record["samples"]
     t = [s["t_s"] / 60 for s in samples]
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    axes[0].plot(t, [s["rss_mb"] for s in samples])
+    axes[0].plot(t, [s["rss_mb"] for s in samples], label="all")
+    for role in (samples[0].get("processes") or {}):
+        axes[0].plot(t, [(s.get("processes") or {}).get(role, {}).get("rss_mb") for s in samples], lw=0.8, label=role)
     axes[0].axvline(record["settings"]["warmup_s"] / 60, color="grey", ls=":", label="end of warm-up")
     axes[0].set_ylabel("server RSS (MB)")
     axes[0].legend(loc="lower right")

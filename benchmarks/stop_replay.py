@@ -4,7 +4,8 @@ A full (``exact``) run samples every problem's N branches with per-branch seeds;
 would have sampled only the first ``replay(rule, answers)`` of them, so its savings and its vote
 are known without running it: ``replay_rule``. The runtime's group stop launches every branch at
 once and keeps those that finish first: ``replay_group_stop`` replays it with each branch's
-completion tokens as its finishing step (``rksc_sgl.adaptive.replay_concurrent``).
+completion tokens as its finishing step (``rksc_sgl.adaptive.replay_concurrent``), deciding on
+the answers as the scheduler reads them (the policy's one pattern, not the program's extractor).
 
 Trace-confidence stopping (DeepConf online) replays too, on top of either: each ``exact`` branch
 records where its window confidence reached new lows (``programs.sc.Branch.conf_minima``), so a
@@ -46,10 +47,14 @@ def replay_rule(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | Non
 
 
 def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | None]],
-                      branch_tokens: Sequence[Sequence[int]]) -> dict:
+                      branch_tokens: Sequence[Sequence[int]],
+                      branch_read: Sequence[Sequence[Hashable | None]] | None = None) -> dict:
     """``replay_rule`` for the runtime's group stop: every branch launched at once, the vote read
-    over the branches that finished, the others stopped one token after it is decided."""
-    outcomes = [replay_concurrent(rule, a, t) for a, t in zip(branch_answers, branch_tokens)]
+    after each step over the branches that finished, the others stopped one token after it is
+    decided. The rule decides on ``branch_read`` (the answers as the scheduler reads them, with
+    the policy's pattern) where given; the vote compared with the full vote is ``branch_answers``'."""
+    read = branch_answers if branch_read is None else branch_read
+    outcomes = [replay_concurrent(rule, r, t) for r, t in zip(read, branch_tokens)]
     branches = sum(len(a) for a in branch_answers)
     tokens = sum(sum(t) for t in branch_tokens)
     finished = sum(len(kept) for _, kept in outcomes)
@@ -62,17 +67,28 @@ def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable
             "vote_agreement": round(agree / n, 4) if n else None}
 
 
-def curve(branch_answers, branch_tokens, specs: Sequence[str] = CURVE) -> list[dict]:
-    return [replay_rule(StopRule.parse(spec), branch_answers, branch_tokens) for spec in specs]
+def curve(branch_answers, branch_tokens, specs: Sequence[str] = CURVE, branch_read=None) -> list[dict]:
+    """Every rule of ``specs`` replayed in rounds (``applied_by`` "rounds") and, with
+    ``branch_read`` (the answers as the scheduler reads them), by the scheduler's group stop."""
+    points = [{**replay_rule(StopRule.parse(spec), branch_answers, branch_tokens), "applied_by": "rounds"}
+              for spec in specs]
+    if branch_read is not None:
+        points += [{**replay_group_stop(StopRule.parse(spec), branch_answers, branch_tokens, branch_read),
+                    "applied_by": "scheduler"} for spec in specs]
+    return points
 
 
 def choose(points: Sequence[dict], target: float) -> dict[str, str | None]:
-    """Per family (``esc``, ``beta``), the spec with the largest token saving among the points
-    whose vote agreement is at least ``target`` (None when no threshold reaches it)."""
+    """Per family (``esc``, ``beta``) and per way of applying it (rounds: ``esc``; the scheduler:
+    ``esc (scheduler)``), the spec with the largest token saving among the points whose vote
+    agreement is at least ``target`` (None when no threshold reaches it)."""
     chosen = {}
-    for family in ("esc", "beta"):
-        ok = [p for p in points if p["rule"].startswith(family) and (p["vote_agreement"] or 0) >= target]
-        chosen[family] = max(ok, key=lambda p: p["token_saving"])["rule"] if ok else None
+    for applied_by in sorted({p.get("applied_by", "rounds") for p in points}):
+        for family in ("esc", "beta"):
+            ok = [p for p in points if p.get("applied_by", "rounds") == applied_by and p["rule"].startswith(family)
+                  and (p["vote_agreement"] or 0) >= target]
+            key = family if applied_by == "rounds" else f"{family} (scheduler)"
+            chosen[key] = max(ok, key=lambda p: p["token_saving"])["rule"] if ok else None
     return chosen
 
 
@@ -90,18 +106,20 @@ def percentile_threshold(lowest: Sequence[float], pct: float) -> float | None:
 
 
 def replay_trace_stop(rule: StopRule, branch_answers, branch_tokens, branch_minima, threshold: float,
-                      concurrent: bool) -> dict:
+                      concurrent: bool, branch_read=None) -> dict:
     """``rule`` with a trace stop at ``threshold`` on every branch, in rounds (``concurrent``
     False, as ``adaptive_fork``) or all at once with the scheduler's group stop. A stopped trace
-    ends one token after its window fell below ``threshold`` and casts no vote."""
+    ends one token after its window fell below ``threshold`` and casts no vote. The scheduler's
+    rule decides on ``branch_read`` where given (as ``replay_group_stop``)."""
     used_all = tokens_all = voted = stopped = agree = 0
-    for answers, tokens, minima in zip(branch_answers, branch_tokens, branch_minima):
+    read_all = branch_answers if branch_read is None or not concurrent else branch_read
+    for answers, tokens, minima, read in zip(branch_answers, branch_tokens, branch_minima, read_all):
         n = len(answers)
         stops = [first_stop(m, threshold) for m in minima]
         votes = [s is None or s >= t for s, t in zip(stops, tokens)]
         cost = [t if v else s + 1 for s, t, v in zip(stops, tokens, votes)]
         if concurrent:
-            used, voters = replay_concurrent(rule, answers, cost, votes)
+            used, voters = replay_concurrent(rule, read, cost, votes)
         else:
             launched: list[int] = []
             for branches in rule.rounds(n):
@@ -122,7 +140,7 @@ def replay_trace_stop(rule: StopRule, branch_answers, branch_tokens, branch_mini
 
 
 def trace_curve(branch_answers, branch_tokens, branch_minima, rule_spec: str,
-                percentiles: Sequence[float] = TRACE_PERCENTILES) -> list[dict]:
+                percentiles: Sequence[float] = TRACE_PERCENTILES, branch_read=None) -> list[dict]:
     """A trace stop at each percentile's threshold, alone and under ``rule_spec`` applied in rounds
     and by the scheduler, replayed on a full run."""
     lowest = lowest_confidences(branch_minima)
@@ -135,6 +153,6 @@ def trace_curve(branch_answers, branch_tokens, branch_minima, rule_spec: str,
             if spec == "none" and concurrent:
                 continue
             point = replay_trace_stop(StopRule.parse(spec), branch_answers, branch_tokens, branch_minima,
-                                      threshold, concurrent)
+                                      threshold, concurrent, branch_read)
             points.append({"percentile": pct, **point})
     return points

@@ -20,7 +20,8 @@ Hooks (installed by ``radix_ext.plugin``):
   finish reason, which SGLang applies at the next step exactly as it applies a scheduler abort
   (``update_finish_state``), so the KV is released by its normal path (the request decodes one
   more token). A member that finished by itself (not aborted, not stopped) votes with the last
-  match of the policy's pattern in its text; a decided vote stops the group's other members:
+  match of the policy's pattern in its text; the group's vote is read once per step, after
+  every member that finished in that step voted, and a decided vote stops the other members:
   running ones through ``to_finish``, queued ones popped and answered as SGLang answers an
   aborted queued request (empty text).
 
@@ -44,6 +45,7 @@ from typing import Any
 from radix_ext import exit_requests, groups, introspection
 from rksc_sgl.protocol import (CONF_STOP_KEY, EARLY_STOP_STATE_KEY, GROUP_POLICY_KEY, STOP_KEY, STOP_MESSAGE_PREFIX,
                                ConfStop, GroupPolicy, GroupTag)
+from rksc_sgl import stop_rules
 from rksc_sgl.stop_rules import WindowConfidence, should_stop_trace, token_confidence
 
 logger = logging.getLogger(__name__)
@@ -177,14 +179,21 @@ def _abort_queued(scheduler, req, report: dict[str, Any]) -> None:
 def _after_batch(result, scheduler, *args, **kwargs):
     if not _tracked:
         return result
+    voted: dict[str, tuple[GroupTag, groups.Group]] = {}
     for req in list(_tracked.values()):
         state: StopState = getattr(req, REQ_ATTR)
         if req.finished():
             _tracked.pop(id(req), None)
             if state.tag is not None:
-                _on_member_finished(scheduler, req, state)
+                _record_member(req, state, voted)
         elif state.window is not None and req.to_finish is None:
             _push_confidences(req, state)
+    # Each group's vote is read once, over every member that finished up to this step.
+    for tag, group in voted.values():
+        if group.decide():
+            _stop_group(scheduler, tag, group)
+    for tag, _ in voted.values():
+        registry.release(tag.id)
     return result
 
 
@@ -205,15 +214,15 @@ def _push_confidences(req, state: StopState) -> None:
             return
 
 
-def _on_member_finished(scheduler, req, state: StopState) -> None:
+def _record_member(req, state: StopState, voted: dict) -> None:
+    """Record a finished member's answer in its group (if it finished by itself)."""
     group = registry.get(state.tag.id)
     if group is None:
         return
     if not state.voted and _votes(req):
         state.voted = True
-        if group.vote(state.tag.index, _answer(req, group)):
-            _stop_group(scheduler, state.tag, group)
-    registry.release(state.tag.id)
+        group.record(state.tag.index, _answer(req, group))
+    voted[state.tag.id] = (state.tag, group)
 
 
 def _votes(req) -> bool:
@@ -228,7 +237,7 @@ def _answer(req, group: groups.Group) -> str | None:
     if tokenizer is None or group.pattern is None:  # --skip-tokenizer-init: no text to vote on
         return None
     ids = req.output_ids[: req.finished_len] if req.finished_len is not None else req.output_ids
-    return groups.extract(group.pattern, tokenizer.decode(list(ids), skip_special_tokens=True))
+    return stop_rules.read_answer(group.pattern, tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
 def _group_report(tag: GroupTag, group: groups.Group, at_token: int) -> dict[str, Any]:

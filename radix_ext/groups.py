@@ -28,7 +28,6 @@ import uuid
 import weakref
 from typing import Any
 
-import regex
 
 from rksc_sgl import stop_rules
 from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
@@ -97,7 +96,7 @@ def _check_request(result, sampling_params, *args, **kwargs):
 @dataclasses.dataclass
 class Group:
     policy: GroupPolicy | None
-    pattern: regex.Pattern | None
+    pattern: Any  # the compiled answer pattern (``stop_rules.compile_pattern``)
     answers: dict[int, str | None] = dataclasses.field(default_factory=dict)  # index -> answer
     members: "weakref.WeakValueDictionary[int, Any]" = dataclasses.field(default_factory=weakref.WeakValueDictionary)
     size: int | None = None  # members in all, when known (the n of an n > 1 request)
@@ -105,42 +104,28 @@ class Group:
     decided: str | None = None  # the decided answer, once the vote is decided
     touched: float = dataclasses.field(default_factory=time.monotonic)
 
-    def vote(self, index: int, answer: str | None) -> bool:
-        """Record a finished member's answer; True if this decided the vote."""
+    def record(self, index: int, answer: str | None) -> None:
+        """A finished member's answer (its vote is read with the others of its step: ``decide``)."""
         self.answers[index] = answer
+
+    def decide(self) -> bool:
+        """Read the vote over the answers recorded so far; True if this decided it. The scheduler
+        reads it once per step, after every member that finished in that step was recorded, so
+        the decision does not depend on the order in which one step's finishers are seen (the
+        rules are not monotone: {A, A, A} may be decided where {A, A, A, D} is not)."""
         if self.decided is not None or self.policy is None:
             return False
         self.decided = stop_rules.decide(self.policy.rule, self.answers, window=self.policy.window,
                                          confidence=self.policy.confidence, min_samples=self.policy.min_samples)
         return self.decided is not None
 
+    def vote(self, index: int, answer: str | None) -> bool:
+        """``record`` then ``decide``: one member's answer, the vote read at once."""
+        self.record(index, answer)
+        return self.decide()
+
     def running(self) -> list[Any]:
         return [req for req in self.members.values() if not req.finished()]
-
-
-MATCH_TIMEOUT_S = 0.05  # a client's answer pattern runs in the scheduler loop: bounded
-
-
-def compile_pattern(source: str):
-    """A client's answer pattern, compiled with the ``regex`` module (``re``-compatible syntax),
-    whose matching takes a timeout: ``re`` has none, and a backtracking pattern such as
-    ``(a+)+$`` on a 27-character text held a Python ``re`` search for 7.6 s here."""
-    return regex.compile(source)
-
-
-def extract(pattern, text: str) -> str | None:
-    """The last match of ``pattern`` in ``text`` (its group 1 if it has groups), stripped; None
-    when there is none or matching takes longer than ``MATCH_TIMEOUT_S`` (the member casts no vote)."""
-    last = None
-    try:
-        for last in pattern.finditer(text, timeout=MATCH_TIMEOUT_S):
-            pass
-    except TimeoutError:
-        return None
-    if last is None:
-        return None
-    answer = last.group(1) if pattern.groups else last.group(0)
-    return None if answer is None else answer.strip()
 
 
 class GroupRegistry:
@@ -162,12 +147,12 @@ class GroupRegistry:
         self.expire()
         group = self._groups.get(tag.id)
         if group is None:
-            pattern = compile_pattern(policy.answer_pattern) if policy is not None else None
+            pattern = stop_rules.compile_pattern(policy.answer_pattern) if policy is not None else None
             group = self._groups[tag.id] = Group(policy, pattern)
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)
         elif group.policy is None and policy is not None:  # the first member may have had none
-            group.policy, group.pattern = policy, compile_pattern(policy.answer_pattern)
+            group.policy, group.pattern = policy, stop_rules.compile_pattern(policy.answer_pattern)
         group.members[tag.index] = req
         group.size, group.arrived = size, group.arrived + 1
         self.touch(tag.id)

@@ -138,27 +138,20 @@ def replay_concurrent(rule: StopRule, answers: Sequence[Hashable | None], tokens
                       votes: Sequence[bool] | None = None) -> tuple[int, list[int]]:
     """The runtime group stop replayed on a full run's branches (answers and completion tokens,
     by index): all start together and decode one token per step, branch ``b`` finishing at step
-    ``tokens[b]`` (ties by index); the rule sees the finished branches after each finish, and once
-    it is decided the others stop one token later (the scheduler stops a request at the step after
-    the decision). ``votes[b]`` False: branch ``b`` ends at ``tokens[b]`` without a vote (a trace
+    ``tokens[b]``; after each step the rule reads the vote over every branch finished so far (as
+    the scheduler does: ``radix_ext.early_stop``), and once it is decided the others stop one
+    token later. ``votes[b]`` False: branch ``b`` ends at ``tokens[b]`` without a vote (a trace
     stop). Returns the tokens decoded in all, and the indices that finished with a vote."""
     n = len(answers)
     votes = [True] * n if votes is None else list(votes)
     finished: dict[int, Hashable | None] = {}
-    done: set[int] = set()
-    for b in sorted(range(n), key=lambda b: (tokens[b], b)):
-        done.add(b)
-        if not votes[b]:
-            continue
-        finished[b] = answers[b]
-        step = tokens[b]
-        if len(done) < n and rule.decision(finished) is not None:
-            # Branches finishing at this same step were finished already when the vote was read.
-            same = {i for i in range(n) if i not in done and tokens[i] <= step}
-            finished |= {i: answers[i] for i in same if votes[i]}
-            done |= same
-            used = sum(tokens[i] if i in done else min(tokens[i], step + 1) for i in range(n))
-            return used, sorted(finished)
+    done = 0
+    for step in sorted(set(tokens)):
+        ending = [b for b in range(n) if tokens[b] == step]
+        done += len(ending)
+        finished |= {b: answers[b] for b in ending if votes[b]}
+        if done < n and any(votes[b] for b in ending) and rule.decision(finished) is not None:
+            return sum(min(t, step + 1) for t in tokens), sorted(finished)
     return sum(tokens), sorted(finished)
 
 

@@ -341,7 +341,7 @@ class GroupPolicy:
         key = GROUP_POLICY_KEY
         if not isinstance(self.answer_pattern, str) or not self.answer_pattern:
             raise ValueError(f"custom_params.{key}.answer_pattern must be a non-empty regex, got {self.answer_pattern!r}")
-        try:  # the engine the scheduler matches with (radix_ext.groups.compile_pattern)
+        try:  # the engine the scheduler matches with (rksc_sgl.stop_rules.compile_pattern)
             regex.compile(self.answer_pattern)
         except regex.error as e:
             raise ValueError(f"custom_params.{key}.answer_pattern is not a valid regex: {e}") from None

@@ -41,9 +41,11 @@ def test_sc_group_stop_sets_the_runtimes_saving_beside_its_replay(tmp_path):
     exact, stopped, traced = [json.loads(line) for line in (tmp_path / "sc.jsonl").read_text().splitlines()]
     assert (exact["mode"], stopped["mode"], stopped["stop_applied_by"]) == ("exact", "group-stop", "scheduler")
     assert len(exact["branch_answers"][0]) == 4 and len(exact["branch_conf_minima"][0]) == 4
+    assert len(exact["branch_policy_answers"][0]) == 4  # what the scheduler's pattern reads, for the replay
     assert stopped["branches_sampled"] == len(stopped["branch_indices"][0]) >= 1
     assert stopped["replay_token_saving"] is not None and stopped["token_saving"] is not None
     assert stopped["branch_answer_agreement_vs_exact"] is not None
     assert traced["trace_stop"] == 100 and abs(traced["token_saving"] - traced["replay_token_saving"]) <= 0.05
     curve = json.loads((tmp_path / "sc_stop_curve.json").read_text())
     assert curve["datasets"]["arc-challenge"]["trace_points"]
+    assert {p["applied_by"] for p in curve["datasets"]["arc-challenge"]["points"]} == {"rounds", "scheduler"}

@@ -105,6 +105,17 @@ class TestReplayConcurrent:
         used, kept = replay_concurrent(StopRule.parse("esc:2"), ["A", "B", "C", "C"], [30, 31, 5, 6])
         assert kept == [2, 3] and used == 5 + 6 + 7 + 7
 
+    def test_branches_finishing_at_one_step_are_read_together(self):
+        from rksc_sgl.adaptive import replay_concurrent
+
+        # beta:0.9 decides {A, A, A} but not {A, A, A, D}: all four end at step 6, so nothing is
+        # decided there, whatever their indices; two more A at step 9 decide (5 to 1).
+        rule = StopRule.parse("beta:0.9")
+        for answers in (["A", "A", "A", "D", "A", "A", "B"], ["D", "A", "A", "A", "A", "A", "B"]):
+            used, kept = replay_concurrent(rule, answers, [6, 6, 6, 6, 9, 9, 30])
+            assert rule.decision({b: "A" for b in range(3)}) == "A"
+            assert kept == [0, 1, 2, 3, 4, 5] and used == 6 * 4 + 9 * 2 + 10
+
     def test_the_group_policy_carries_the_rule(self):
         esc, beta = StopRule.parse("esc:3").group_policy("x"), StopRule.parse("beta:0.8:4").group_policy("x")
         assert (esc.rule, esc.window, esc.min_samples) == ("esc", 3, 1)

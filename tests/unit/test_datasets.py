@@ -258,8 +258,8 @@ def test_the_one_regex_a_group_policy_votes_with_finds_what_the_extractor_finds(
     """The scheduler reads a child's vote with ``ANSWER_PATTERNS`` (the last match); the client's
     extractors must read the same answer from an "the answer is X" text."""
     from programs.datasets.answers import ANSWER_PATTERNS, extract_letter, extract_number
-    from radix_ext.groups import compile_pattern, extract
+    from rksc_sgl.stop_rules import read_answer
 
-    assert extract(compile_pattern(ANSWER_PATTERNS[kind]), text) == expected  # as the scheduler reads it
+    assert read_answer(ANSWER_PATTERNS[kind], text) == expected  # as the scheduler reads it
     client = extract_letter(text) if kind == "letter" else extract_number(text)
     assert client == (expected if kind == "letter" else expected.replace(",", ""))

@@ -9,6 +9,7 @@ import pytest
 
 from radix_ext import groups
 from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
+from rksc_sgl.stop_rules import compile_pattern, read_answer
 
 
 def params(**fields):
@@ -109,15 +110,66 @@ class TestRegistry:
         assert not group.vote(2, "3")  # decided once
 
 
+class TestOneStepsFinishers:
+    """Members that finish in the same scheduler step are all recorded before the vote is read:
+    beta:0.9 decides {A, A, A} but not {A, A, A, D}, so reading after each member would decide
+    or not by the order in which the scheduler happens to hold them."""
+
+    @staticmethod
+    def finish_in_one_step(order, monkeypatch):
+        from radix_ext import early_stop
+
+        class Tokenizer:
+            def decode(self, ids, skip_special_tokens=True):
+                return f"The answer is {ids[0]}."
+
+        class Req:
+            def __init__(self, index, answer):
+                self.index, self.output_ids, self.finished_len = index, [answer], None
+                self.tokenizer, self.finished_reason, self.to_finish, self.customized_info = Tokenizer(), None, None, None
+
+            def finished(self):
+                return self.finished_reason is not None
+
+        registry = groups.GroupRegistry()
+        monkeypatch.setattr(early_stop, "registry", registry)
+        monkeypatch.setattr(early_stop, "_tracked", early_stop.weakref.WeakValueDictionary())
+        policy = GroupPolicy(r"answer is (\w)", "beta", confidence=0.9, min_samples=2)
+        answers = {0: "A", 1: "A", 2: "A", 3: "D"}
+        reqs = {i: Req(i, a) for i, a in answers.items()} | {4: Req(4, "A")}  # member 4 still runs
+        for i in [*order, 4]:
+            tag = GroupTag("g", i)
+            registry.join(tag, policy, reqs[i])
+            setattr(reqs[i], early_stop.REQ_ATTR, early_stop.StopState(None, None, tag))
+            early_stop._tracked[id(reqs[i])] = reqs[i]
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+        for i in order:
+            reqs[i].finished_reason = FINISH_LENGTH(1)
+        scheduler = type("Scheduler", (), {"waiting_queue": []})()
+        early_stop._after_batch(None, scheduler)
+        return registry.get("g"), reqs[4]
+
+    @pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 0, 1, 2], [0, 3, 1, 2]])
+    def test_the_vote_does_not_depend_on_the_order_of_one_steps_finishers(self, order, monkeypatch):
+        group, running = self.finish_in_one_step(order, monkeypatch)
+        assert group.answers == {0: "A", 1: "A", 2: "A", 3: "D"}
+        assert group.decided is None and running.to_finish is None
+
+    def test_a_decided_step_stops_the_members_still_running(self, monkeypatch):
+        group, running = self.finish_in_one_step([0, 1, 2], monkeypatch)
+        assert group.decided == "A" and running.to_finish is not None
+
+
 class TestExtract:
     def test_the_last_match_and_its_first_group(self):
-        assert groups.extract(groups.compile_pattern(r"answer is (\d+)"), "answer is 3, no: the answer is 42.") == "42"
+        assert read_answer(compile_pattern(r"answer is (\d+)"), "answer is 3, no: the answer is 42.") == "42"
 
     def test_a_pattern_without_groups_gives_the_whole_match(self):
-        assert groups.extract(groups.compile_pattern(r"\d+"), "1 then 22") == "22"
+        assert read_answer(compile_pattern(r"\d+"), "1 then 22") == "22"
 
     def test_no_match_is_no_answer(self):
-        assert groups.extract(groups.compile_pattern(r"answer is (\d+)"), "I do not know") is None
+        assert read_answer(compile_pattern(r"answer is (\d+)"), "I do not know") is None
 
 
 def test_a_backtracking_answer_pattern_cannot_hold_the_scheduler():
@@ -126,7 +178,7 @@ def test_a_backtracking_answer_pattern_cannot_hold_the_scheduler():
     is cut at ``MATCH_TIMEOUT_S`` and the member casts no vote."""
     import time
 
-    pattern = groups.compile_pattern(r"(a|aa)+$")
+    pattern = compile_pattern(r"(a|aa)+$")
     start = time.perf_counter()
-    assert groups.extract(pattern, "a" * 34 + "b") is None
+    assert read_answer(pattern, "a" * 34 + "b") is None
     assert time.perf_counter() - start < 1.0

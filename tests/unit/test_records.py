@@ -50,8 +50,9 @@ def test_latest_run_takes_each_dataset_from_the_newest_run_that_covers_it(tmp_pa
 
     whole = [row("1", d, m) for d in ("gsm8k", "arc-challenge") for m in ("exact", "rksc")]
     arc_again = [row("2", "arc-challenge", m) for m in ("exact", "rksc", "rksc-lru")]
+    held_apart = [{**row("3", "gsm8k", "exact"), "calibration_offset": 50}]  # choosing thresholds: never shown
     path = tmp_path / "bon-verify.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in whole + arc_again))
+    path.write_text("".join(json.dumps(r) + "\n" for r in whole + arc_again + held_apart))
     rows = latest_run(path)
     assert [(r["run_id"], r["dataset"], r["mode"]) for r in rows] == [
         ("1", "gsm8k", "exact"), ("1", "gsm8k", "rksc"),

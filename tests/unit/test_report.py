@@ -105,7 +105,7 @@ def test_adaptive_table_sets_the_runtime_saving_beside_the_replay_and_the_curve_
                                                         "vote_agreement": 0.95}],
                                             "chosen_at_0.95": {"esc": "esc:3", "beta": None}}}}
     text = curve_table(curve)
-    assert "| arc-challenge | `esc:3` | 250 / 320 | 22.0% | 20.0% | 0.95 |" in text
+    assert "| arc-challenge | `esc:3` | rounds | 250 / 320 | 22.0% | 20.0% | 0.95 |" in text
     assert "esc: `esc:3`, beta: none" in text and "--calibration-offset 20" in text
 
 

@@ -39,3 +39,20 @@ def test_every_bad_request_of_the_mix_is_a_route_and_a_body():
     assert all(route.startswith("/") and isinstance(body, dict) for route, body in soak.BAD)
     assert set(soak.MIX) == {"program", "paraphrase", "adaptive", "walkaway", "bad"}
     assert all(callable(getattr(soak.Traffic, kind, None)) for kind in soak.MIX)  # each kind is an action
+
+
+def test_growth_is_told_apart_by_process_and_by_anonymous_memory():
+    settings = soak.SoakSettings(duration_s=100, warmup_s=10, sample_every_s=10)
+    rows = samples([900, 1000, 1010, 1050])
+    for i, row in enumerate(rows):  # the scheduler's heap grows 20 MB a sample, the server stays flat
+        row["processes"] = {"server": {"rss_mb": 500.0, "anon_mb": 300.0},
+                            "sglang::scheduler": {"rss_mb": 400.0 + 20 * i, "anon_mb": 100.0 + 20 * i}}
+    growth = soak.memory_verdict(rows, settings)["growth_by_process_mb"]
+    assert growth == {"server": {"rss_mb": 0.0, "anon_mb": 0.0}, "sglang::scheduler": {"rss_mb": 40.0, "anon_mb": 40.0}}
+
+
+def test_the_memory_of_this_process_tree_is_read_per_process():
+    import os
+
+    total, processes = soak.process_tree_memory(os.getpid())
+    assert total > 0 and processes["server"]["rss_mb"] > 0 and processes["server"]["anon_mb"] > 0

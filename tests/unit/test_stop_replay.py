@@ -26,7 +26,10 @@ def test_an_early_vote_that_differs_from_the_full_one_lowers_agreement():
 
 def test_the_curve_covers_esc_windows_2_to_6_and_beta_from_0_6_to_0_99():
     points = curve(ANSWERS, TOKENS)
-    assert [p["rule"] for p in points] == list(CURVE)
+    assert [p["rule"] for p in points] == list(CURVE) and {p["applied_by"] for p in points} == {"rounds"}
+    both = curve(ANSWERS, TOKENS, branch_read=ANSWERS)
+    assert [(p["rule"], p["applied_by"]) for p in both] == [
+        *((r, "rounds") for r in CURVE), *((r, "scheduler") for r in CURVE)]
     assert CURVE[0] == "esc:2" and CURVE[4] == "esc:6" and CURVE[5] == "beta:0.6" and CURVE[-1] == "beta:0.99"
 
 
@@ -36,6 +39,9 @@ def test_choose_takes_the_largest_saving_that_reaches_the_target():
               {"rule": "esc:4", "token_saving": 0.2, "vote_agreement": 1.0},
               {"rule": "beta:0.6", "token_saving": 0.6, "vote_agreement": 0.5}]
     assert choose(points, 0.95) == {"esc": "esc:3", "beta": None}
+    scheduler = [{**p, "applied_by": "scheduler"} for p in points[:2]]
+    assert choose(points + scheduler, 0.95) == {"esc": "esc:3", "beta": None, "esc (scheduler)": "esc:3",
+                                               "beta (scheduler)": None}
 
 
 def test_the_group_stop_replay_keeps_the_branches_that_finish_first():
@@ -45,6 +51,17 @@ def test_the_group_stop_replay_keeps_the_branches_that_finish_first():
     point = replay_group_stop(StopRule.parse("beta:0.9:1"), [["A", "A", "A", "B", "B", "B"]], [[1, 2, 3, 9, 9, 9]])
     assert point["branches_sampled"] == 3 and point["token_saving"] == round(1 - (6 + 12) / 33, 4)
     assert point["vote_agreement"] == 1.0  # the full vote is a tie A/B, A seen first
+
+
+def test_the_group_stop_decides_on_the_answers_the_scheduler_reads():
+    from benchmarks.stop_replay import replay_group_stop
+
+    # The program's extractor reads A in the three short texts, the scheduler's pattern only in
+    # one: nothing is decided at step 3, every branch decodes to its end.
+    answers, read, tokens = [["A", "A", "A", "B", "B", "B"]], [["A", None, None, "B", "B", "B"]], [[1, 2, 3, 9, 9, 9]]
+    assert replay_group_stop(StopRule.parse("beta:0.9:1"), answers, tokens)["token_saving"] > 0
+    point = replay_group_stop(StopRule.parse("beta:0.9:1"), answers, tokens, read)
+    assert point["token_saving"] == 0 and point["branches_sampled"] == 6
 
 
 class TestTraceStop:

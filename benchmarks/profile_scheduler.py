@@ -7,9 +7,9 @@ Each mode runs as its own ``benchmarks.bench`` process (results to a scratch fol
 ``benchmarks/results``); once its scheduler process (title ``sglang::scheduler``) appears,
 ``py-spy record`` samples it (``--rate`` per second, idle samples left out) until the run ends.
 Every sample's stack is put in one category, the first of ``CATEGORIES`` that any of its frames
-matches: the radix cache (SGLang's ``mem_cache`` and our ``backend.py`` / ``eviction.py``),
-sampling, the model forward, our other scheduler hooks (``radix_ext``), and the rest of the
-scheduler loop; start-up (loading the model, warming up before the event loop) is left out. Per mode: seconds per category, and the functions that spent most of the cache's
+matches: sampling, the model forward (with its KV pool writes), the radix cache (SGLang's
+``mem_cache`` and our ``backend.py`` / ``eviction.py``, called from the loop), our other scheduler
+hooks (``radix_ext``), and the rest of the scheduler loop; start-up (loading the model, warming up before the event loop) is left out. Per mode: seconds per category, and the functions that spent most of the cache's
 samples themselves. This is what tells the cache class's cost (``rksc-lru`` against ``exact``) from
 the policy's and from the model's. Sampling slows the scheduler a little, alike in every mode: read
 the shares and the differences, not the wall time. One JSON record per run is appended to
@@ -34,13 +34,14 @@ from benchmarks.records import append_jsonl, git_commit, machine
 RESULTS = Path("benchmarks/results/scheduler_profile.jsonl")
 SCHEDULER_TITLE = "sglang::scheduler"
 # (category, substrings of a frame's file path): a sample goes to the first category any frame of
-# its stack matches, so a torch call made by the cache counts as the cache's, and our forward-path
-# code (the CPU attention shim, CGEE's layer loop) as the forward's.
+# its stack matches. Sampling runs inside the forward, and the forward writes the KV pool (in
+# ``mem_cache/memory_pool.py``): those count as the forward's, so "radix cache" is the tree's own
+# work (match, insert, evict, lock), SGLang's or ours, called from the scheduler loop.
 CATEGORIES = (
-    ("radix cache", ("/sglang/srt/mem_cache/", "/radix_ext/backend.py", "/radix_ext/eviction.py")),
     ("sampling", ("/sglang/srt/layers/sampler.py", "/radix_ext/sampler.py", "/radix_ext/seeded_sampling.py")),
     ("model forward", ("/sglang/srt/model_executor/", "/sglang/srt/models/", "/radix_ext/cpu_attention.py",
                        "/radix_ext/early_exit.py")),
+    ("radix cache", ("/sglang/srt/mem_cache/", "/radix_ext/backend.py", "/radix_ext/eviction.py")),
     ("rksc hooks", ("/radix_ext/",)),
 )
 OTHER = "scheduler loop (other)"
@@ -67,7 +68,7 @@ def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
 
 def in_event_loop(stack: list[str]) -> bool:
     """Whether a sample is the scheduler serving (``Scheduler.event_loop_*``), not loading the model."""
-    return any(frame.startswith(EVENT_LOOP) for frame in stack)
+    return any(frame.split(" (", 1)[0].rsplit(".", 1)[-1].startswith(EVENT_LOOP) for frame in stack)
 
 
 def summarize(stacks: list[tuple[list[str], int]], rate: int, top: int = 8) -> dict:
@@ -81,7 +82,7 @@ def summarize(stacks: list[tuple[list[str], int]], rate: int, top: int = 8) -> d
         category = categorize(stack)
         by_category[category] += count
         if category == "radix cache":
-            frame = next(f for f in reversed(stack) if any(p in f for p in CATEGORIES[0][1]))
+            frame = next(f for f in reversed(stack) if any(p in f for p in dict(CATEGORIES)["radix cache"]))
             cache_frames[frame] += count
     total = sum(by_category.values())
     return {"samples": total, "seconds": round(total / rate, 2),
@@ -127,7 +128,7 @@ def profile_mode(mode: str, args, scratch: Path) -> dict:
                 time.sleep(0.2)
                 continue
             spy = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(args.rate), "--format", "raw",
-                                    "--output", str(out), "--nonblocking"],
+                                    "--output", str(out), "--nonblocking", "--full-filenames", "--nolineno"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         code = run.wait()
     finally:

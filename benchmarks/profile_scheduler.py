@@ -119,7 +119,8 @@ def profile_mode(mode: str, args, scratch: Path) -> dict:
              "--limit", str(args.limit), "--modes", mode, "--output-dir", str(scratch / mode), *args.bench_args]
     out = scratch / f"{mode}.txt"
     start = time.monotonic()
-    run = subprocess.Popen(bench, stdout=subprocess.DEVNULL, stderr=open(scratch / f"{mode}.log", "w"))
+    log = open(scratch / f"{mode}.log", "w")
+    run = subprocess.Popen(bench, stdout=subprocess.DEVNULL, stderr=log)
     spy = None
     try:
         while spy is None and run.poll() is None:
@@ -134,6 +135,7 @@ def profile_mode(mode: str, args, scratch: Path) -> dict:
     finally:
         if run.poll() is None:
             run.kill()
+        log.close()
     if spy is not None:
         try:
             spy.wait(timeout=60)

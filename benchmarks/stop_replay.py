@@ -30,20 +30,32 @@ TRACE_PERCENTILES = (5, 10, 25, 50)  # of the traces' lowest window confidence: 
 CURVE = (*(f"esc:{w}" for w in range(2, 7)), *(f"beta:{c}" for c in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99)))
 
 
+def _outcome(branch_answers, branch_tokens, outcomes) -> dict:
+    """What a replay saved and how often its vote equals the full vote. ``outcomes``: per
+    problem, the completion tokens the rule spent and the indices of the branches that voted."""
+    tokens = sum(sum(t) for t in branch_tokens)
+    used = sum(u for u, _ in outcomes)
+    agree = sum(leader([a[i] for i in voters]) == leader(a) for a, (_, voters) in zip(branch_answers, outcomes))
+    n = len(branch_answers)
+    return {"token_saving": round(1 - used / tokens, 4) if tokens else None,
+            "vote_agreement": round(agree / n, 4) if n else None}
+
+
+def _sampled(rule: StopRule, branch_answers, branch_tokens, outcomes) -> dict:
+    branches = sum(len(a) for a in branch_answers)
+    finished = sum(len(voters) for _, voters in outcomes)
+    return {"rule": rule.spec, "branches_sampled": finished, "branches_full": branches,
+            "sample_saving": round(1 - finished / branches, 4) if branches else None,
+            **_outcome(branch_answers, branch_tokens, outcomes)}
+
+
 def replay_rule(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | None]],
                 branch_tokens: Sequence[Sequence[int]]) -> dict:
     """What ``rule`` saves on a full run (per problem: its branches' answers and completion
     tokens, by branch index), and how often its vote equals the full vote."""
     used = [replay(rule, answers) for answers in branch_answers]
-    branches = sum(len(a) for a in branch_answers)
-    tokens = sum(sum(t) for t in branch_tokens)
-    kept_tokens = sum(sum(t[:k]) for t, k in zip(branch_tokens, used))
-    agree = sum(leader(a[:k]) == leader(a) for a, k in zip(branch_answers, used))
-    n = len(branch_answers)
-    return {"rule": rule.spec, "branches_sampled": sum(used), "branches_full": branches,
-            "sample_saving": round(1 - sum(used) / branches, 4) if branches else None,
-            "token_saving": round(1 - kept_tokens / tokens, 4) if tokens else None,
-            "vote_agreement": round(agree / n, 4) if n else None}
+    outcomes = [(sum(t[:k]), range(k)) for t, k in zip(branch_tokens, used)]
+    return _sampled(rule, branch_answers, branch_tokens, outcomes)
 
 
 def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable | None]],
@@ -55,16 +67,7 @@ def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable
     the policy's pattern) where given; the vote compared with the full vote is ``branch_answers``'."""
     read = branch_answers if branch_read is None else branch_read
     outcomes = [replay_concurrent(rule, r, t) for r, t in zip(read, branch_tokens)]
-    branches = sum(len(a) for a in branch_answers)
-    tokens = sum(sum(t) for t in branch_tokens)
-    finished = sum(len(kept) for _, kept in outcomes)
-    kept_tokens = sum(used for used, _ in outcomes)
-    agree = sum(leader([a[i] for i in kept]) == leader(a) for a, (_, kept) in zip(branch_answers, outcomes))
-    n = len(branch_answers)
-    return {"rule": rule.spec, "branches_sampled": finished, "branches_full": branches,
-            "sample_saving": round(1 - finished / branches, 4) if branches else None,
-            "token_saving": round(1 - kept_tokens / tokens, 4) if tokens else None,
-            "vote_agreement": round(agree / n, 4) if n else None}
+    return _sampled(rule, branch_answers, branch_tokens, outcomes)
 
 
 def curve(branch_answers, branch_tokens, specs: Sequence[str] = CURVE, branch_read=None) -> list[dict]:
@@ -111,32 +114,27 @@ def replay_trace_stop(rule: StopRule, branch_answers, branch_tokens, branch_mini
     False, as ``adaptive_fork``) or all at once with the scheduler's group stop. A stopped trace
     ends one token after its window fell below ``threshold`` and casts no vote. The scheduler's
     rule decides on ``branch_read`` where given (as ``replay_group_stop``)."""
-    used_all = tokens_all = voted = stopped = agree = 0
+    outcomes, stopped = [], 0
     read_all = branch_answers if branch_read is None or not concurrent else branch_read
     for answers, tokens, minima, read in zip(branch_answers, branch_tokens, branch_minima, read_all):
-        n = len(answers)
         stops = [first_stop(m, threshold) for m in minima]
         votes = [s is None or s >= t for s, t in zip(stops, tokens)]
         cost = [t if v else s + 1 for s, t, v in zip(stops, tokens, votes)]
         if concurrent:
-            used, voters = replay_concurrent(rule, read, cost, votes)
+            outcomes.append(replay_concurrent(rule, read, cost, votes))
         else:
             launched: list[int] = []
-            for branches in rule.rounds(n):
+            for branches in rule.rounds(len(answers)):
                 launched += branches
                 voters = [b for b in launched if votes[b]]
                 if rule.decision({b: answers[b] for b in voters}) is not None:
                     break
-            used, voters = sum(cost[b] for b in launched), [b for b in launched if votes[b]]
-        used_all, tokens_all = used_all + used, tokens_all + sum(tokens)
-        voted, stopped = voted + len(voters), stopped + votes.count(False)
-        agree += leader([answers[b] for b in voters]) == leader(answers)
-    n = len(branch_answers)
-    full = sum(len(a) for a in branch_answers)
+            outcomes.append((sum(cost[b] for b in launched), [b for b in launched if votes[b]]))
+        stopped += votes.count(False)
     return {"rule": rule.spec, "threshold": round(threshold, 4), "applied_by": "scheduler" if concurrent else "rounds",
-            "branches_voting": voted, "branches_full": full, "traces_stopped": stopped,
-            "token_saving": round(1 - used_all / tokens_all, 4) if tokens_all else None,
-            "vote_agreement": round(agree / n, 4) if n else None}
+            "branches_voting": sum(len(voters) for _, voters in outcomes),
+            "branches_full": sum(len(a) for a in branch_answers), "traces_stopped": stopped,
+            **_outcome(branch_answers, branch_tokens, outcomes)}
 
 
 def trace_curve(branch_answers, branch_tokens, branch_minima, rule_spec: str,

@@ -179,12 +179,14 @@ def _abort_queued(scheduler, req, report: dict[str, Any]) -> None:
 def _after_batch(result, scheduler, *args, **kwargs):
     if not _tracked:
         return result
-    voted: dict[str, tuple[GroupTag, groups.Group]] = {}
+    voted: dict[str, tuple[GroupTag, groups.Group]] = {}  # groups with a new vote in this step
+    finished: set[str] = set()  # groups a member of which finished in this step
     for req in list(_tracked.values()):
         state: StopState = getattr(req, REQ_ATTR)
         if req.finished():
             _tracked.pop(id(req), None)
             if state.tag is not None:
+                finished.add(state.tag.id)
                 _record_member(req, state, voted)
         elif state.window is not None and req.to_finish is None:
             _push_confidences(req, state)
@@ -192,8 +194,8 @@ def _after_batch(result, scheduler, *args, **kwargs):
     for tag, group in voted.values():
         if group.decide():
             _stop_group(scheduler, tag, group)
-    for tag, _ in voted.values():
-        registry.release(tag.id)
+    for group_id in finished:
+        registry.release(group_id)
     return result
 
 
@@ -215,13 +217,13 @@ def _push_confidences(req, state: StopState) -> None:
 
 
 def _record_member(req, state: StopState, voted: dict) -> None:
-    """Record a finished member's answer in its group (if it finished by itself)."""
+    """Record a finished member's answer in its group, if it finished by itself (``voted``: the
+    groups whose vote is to be read again)."""
     group = registry.get(state.tag.id)
-    if group is None:
+    if group is None or state.voted or not _votes(req):
         return
-    if not state.voted and _votes(req):
-        state.voted = True
-        group.record(state.tag.index, _answer(req, group))
+    state.voted = True
+    group.record(state.tag.index, _answer(req, group))
     voted[state.tag.id] = (state.tag, group)
 
 

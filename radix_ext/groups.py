@@ -119,11 +119,6 @@ class Group:
                                          confidence=self.policy.confidence, min_samples=self.policy.min_samples)
         return self.decided is not None
 
-    def vote(self, index: int, answer: str | None) -> bool:
-        """``record`` then ``decide``: one member's answer, the vote read at once."""
-        self.record(index, answer)
-        return self.decide()
-
     def running(self) -> list[Any]:
         return [req for req in self.members.values() if not req.finished()]
 

@@ -221,6 +221,7 @@ class EarlyExitParams:
 
 
 GROUP_MAX_CHARS = 128
+ANSWER_PATTERN_MAX_CHARS = 512  # compiled and matched in the scheduler loop (cached: stop_rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +342,9 @@ class GroupPolicy:
         key = GROUP_POLICY_KEY
         if not isinstance(self.answer_pattern, str) or not self.answer_pattern:
             raise ValueError(f"custom_params.{key}.answer_pattern must be a non-empty regex, got {self.answer_pattern!r}")
+        if len(self.answer_pattern) > ANSWER_PATTERN_MAX_CHARS:
+            raise ValueError(f"custom_params.{key}.answer_pattern must be at most {ANSWER_PATTERN_MAX_CHARS} "
+                             f"characters, got {len(self.answer_pattern)}")
         try:  # the engine the scheduler matches with (rksc_sgl.stop_rules.compile_pattern)
             regex.compile(self.answer_pattern)
         except regex.error as e:

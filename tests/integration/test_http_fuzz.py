@@ -102,6 +102,9 @@ BAD: list[tuple[str, object, str]] = [
     (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "logprobs": True, "top_logprobs": 100000},
      "top_logprobs"),
     (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "n": 100000}, "--max-n"),
+    # An answer pattern is compiled and matched in the scheduler loop: its length is bounded.
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": "a" * 513, "rule": "beta"}}}}, "answer_pattern must be at most 512"),
 ]
 
 

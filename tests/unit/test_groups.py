@@ -104,10 +104,13 @@ class TestRegistry:
     def test_votes_decide_by_the_policy(self):
         registry = groups.GroupRegistry()
         group = registry.join(GroupTag("g", 0), POLICY, FakeReq())
-        assert not group.vote(0, "7")
-        assert group.vote(1, "7")
+        group.record(0, "7")
+        assert not group.decide()
+        group.record(1, "7")
+        assert group.decide()
         assert group.decided == "7"
-        assert not group.vote(2, "3")  # decided once
+        group.record(2, "3")
+        assert not group.decide()  # decided once
 
 
 class TestOneStepsFinishers:

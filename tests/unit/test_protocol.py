@@ -41,6 +41,7 @@ class TestStopOptions:
     @pytest.mark.parametrize("entry, field", [
         ({"answer_pattern": "(", "rule": "esc"}, "answer_pattern is not a valid regex"),
         ({"answer_pattern": "", "rule": "esc"}, "answer_pattern"),
+        ({"answer_pattern": "x" * 513, "rule": "esc"}, "answer_pattern must be at most 512 characters, got 513"),
         ({"answer_pattern": "x", "rule": "vote"}, "rule must be one of"),
         ({"answer_pattern": "x", "rule": "esc", "window": 0}, "window"),
         ({"answer_pattern": "x", "rule": "beta", "confidence": 1.0}, "confidence"),

@@ -191,7 +191,9 @@ def sample(url: str, pid: int, t: float) -> dict:
             "kv_in_use": pool["total"] - pool["available"] - pool["evictable"], "kv_evictable": pool["evictable"],
             "kv_available": pool["available"], "queued": pool.get("queued_requests"),
             "running": pool.get("running_requests"), "signature_bytes": asks.get("signature_bytes"),
-            "signatures_over_cap": asks.get("signatures_over_cap")}
+            "signatures_over_cap": asks.get("signatures_over_cap"),
+            "heap_trims": (info.get("rksc_heap_trim") or {}).get("trims"),
+            "heap_trim_released_mb": (info.get("rksc_heap_trim") or {}).get("released_mb")}
 
 
 def run(settings: SoakSettings, server_args: list[str], log_dir: Path, progress: bool = True) -> dict:

@@ -19,7 +19,8 @@ radix cache is built, so registrations made here are visible where the cache is 
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
 * with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``);
 * the confident early stop: trace-confidence stops, group votes and the stamping of ``n > 1``
-  children with their group and own seeds (``radix_ext.early_stop``, ``radix_ext.groups``).
+  children with their group and own seeds (``radix_ext.early_stop``, ``radix_ext.groups``);
+* the scheduler's freed heap returned to the OS when it is idle (``radix_ext.heap_trim``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
 registered": look for the plugin's traceback above that message. A missing SGLang name we rely
@@ -66,6 +67,9 @@ def load() -> None:
 
     groups.install()  # n > 1 children: their group tag and own seed
     early_stop.install()  # trace-confidence stops, group votes
+    from radix_ext import heap_trim  # malloc_trim when idle: a fragmented heap's pages go back
+
+    heap_trim.install()
     if config.asks:
         from radix_ext import asks  # ASKS: span signatures, the decision, its report
 

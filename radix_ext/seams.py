@@ -9,8 +9,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import (abort_children, asks, early_exit, early_stop, exit_requests, groups, introspection,
-                           metrics, plugin, request_guards, sampler)
+    from radix_ext import (abort_children, asks, early_exit, early_stop, exit_requests, groups, heap_trim,
+                           introspection, metrics, plugin, request_guards, sampler)
 
     return {
         "plugin": (
@@ -66,6 +66,8 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.managers.schedule_batch.FINISH_ABORT",
             "sglang.srt.managers.schedule_batch.Req.update_finish_state",  # applies to_finish first
         ),
+        "heap trim": (heap_trim.ON_IDLE, heap_trim.PROCESS_BATCH_RESULT,
+                      "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", introspection.TARGET),
         "seeded sampling": (
             sampler.SEED_TARGET,
             "sglang.srt.layers.sampler.Sampler._sample_from_probs",

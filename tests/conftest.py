@@ -12,6 +12,7 @@ from rksc_sgl.servers import http_server
 
 # Small pool: the integration tests need little KV, and a small pool keeps start-up and RAM low.
 TEST_POOL_TOKENS = 16384
+HEAP_TRIM_ENV, TEST_HEAP_TRIM_S = "RKSC_HEAP_TRIM_S", 2  # radix_ext.heap_trim
 
 
 @pytest.fixture(scope="session")
@@ -29,5 +30,6 @@ def engine_backend():
 def server_url(tmp_path_factory):
     """Base URL of ``python -m rksc_sgl.launch_server`` running on a free loopback port."""
     args = ["--max-total-tokens", str(TEST_POOL_TOKENS), "--log-level", "warning"]
-    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("server")) as url:
+    env = {HEAP_TRIM_ENV: str(TEST_HEAP_TRIM_S)}  # short, so tests see the idle trim happen
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("server"), env=env) as url:
         yield url

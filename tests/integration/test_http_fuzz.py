@@ -199,3 +199,17 @@ def test_a_client_that_walks_away_from_an_n16_request_leaves_no_child(server_url
     finally:
         conn.close()  # the client goes away mid-way
     assert_idle_and_no_leak(server_url)
+
+
+def test_the_idle_scheduler_gives_its_freed_heap_back(server_url):
+    """``radix_ext.heap_trim``: the scheduler (this server's trim interval is 2 s: tests/conftest.py)
+    calls ``malloc_trim`` once it has been idle for the interval, and says so in ``/server_info``."""
+    assert good(server_url, 0).status_code == 200
+    deadline, state = time.monotonic() + 60, {}
+    while time.monotonic() < deadline:
+        state = requests.get(server_url + "/server_info", timeout=30).json()["internal_states"][0]["rksc_heap_trim"]
+        if state["trims"] >= 1:
+            break
+        time.sleep(0.5)
+    assert state["enabled"] and state["interval_s"] == 2.0
+    assert state["trims"] >= 1 and state["released_mb"] >= 0 and state["longest_ms"] < 5000, state

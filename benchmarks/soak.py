@@ -282,7 +282,8 @@ def memory_verdict(samples: list[dict], settings: SoakSettings) -> dict:
             "rss_growth_mb": round(max(rss) - rss[0], 1), "rss_slope_mb_per_h": round(slope, 1),
             "growth_by_process_mb": growth_by_process(after),
             "signature_bytes_max": max((s["signature_bytes"] or 0) for s in samples),
-            "kv_in_use_max": max(s["kv_in_use"] for s in samples)}
+            "kv_in_use_max": max(s["kv_in_use"] for s in samples),
+            "heap_trims": samples[-1].get("heap_trims"), "heap_trim_released_mb": samples[-1].get("heap_trim_released_mb")}
 
 
 def growth_by_process(after: list[dict]) -> dict[str, dict[str, float]]:

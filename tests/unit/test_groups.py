@@ -119,7 +119,7 @@ class TestOneStepsFinishers:
     or not by the order in which the scheduler happens to hold them."""
 
     @staticmethod
-    def finish_in_one_step(order, monkeypatch):
+    def finish_in_one_step(order, monkeypatch, reason=None):
         from radix_ext import early_stop
 
         class Tokenizer:
@@ -148,7 +148,7 @@ class TestOneStepsFinishers:
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
         for i in order:
-            reqs[i].finished_reason = FINISH_LENGTH(1)
+            reqs[i].finished_reason = reason or FINISH_LENGTH(1)
         scheduler = type("Scheduler", (), {"waiting_queue": []})()
         early_stop._after_batch(None, scheduler)
         return registry.get("g"), reqs[4]
@@ -162,6 +162,17 @@ class TestOneStepsFinishers:
     def test_a_decided_step_stops_the_members_still_running(self, monkeypatch):
         group, running = self.finish_in_one_step([0, 1, 2], monkeypatch)
         assert group.decided == "A" and running.to_finish is not None
+
+    def test_a_step_without_a_new_vote_does_not_read_the_vote(self, monkeypatch):
+        """Members that were aborted cast no vote, so their step leaves the vote unread."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        reads = []
+        monkeypatch.setattr(groups.Group, "decide", lambda group: reads.append(group) or False)
+        group, running = self.finish_in_one_step([0, 1], monkeypatch, reason=FINISH_ABORT("client left"))
+        assert reads == [] and group.answers == {} and running.to_finish is None
+        self.finish_in_one_step([0, 1], monkeypatch)
+        assert len(reads) == 1  # one read for the step, however many members voted in it
 
 
 class TestExtract:

@@ -83,6 +83,25 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
+# oneDNN, and torch's ideep layer above it, each keep the primitives they build (JIT code and
+# scratch, ~250 KB per linear shape here) in a cache of 1,024 by default, one primitive per input
+# shape. A server's forwards bring every row count from 1 to MAX_ROWS: with SmolLM2-135M's four
+# linear shapes, a loop over every row count left the process ~480 MB larger, the growth
+# benchmarks.soak saw in the scheduler over its first hour. Capped, a primitive that falls out is
+# rebuilt when its shape comes back, which the same loop did not measurably slow.
+ONEDNN_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
+ONEDNN_CACHE_CAPACITY = 64
+
+
+def cap_onednn_caches() -> dict[str, str]:
+    """Cap both primitive caches at ``ONEDNN_CACHE_CAPACITY`` unless the environment sets them.
+
+    Each library reads its variable once, when it first builds a primitive, so this runs first
+    thing in every SGLang process that loads our plugin; returns the values in force.
+    """
+    return {name: os.environ.setdefault(name, str(ONEDNN_CACHE_CAPACITY)) for name in ONEDNN_CACHE_ENVS}
+
+
 ONEDNN_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0" keeps SGLang's F.linear (for ablations)
 MAX_ROWS_ENV = "RKSC_CPU_ONEDNN_MAX_ROWS"
 MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more rows than this (prefill chunks): MKL's F.linear

@@ -39,11 +39,12 @@ SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.ver
 def load() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext import introspection, metrics, stats
+    from radix_ext import cpu_speed, introspection, metrics, stats
     from radix_ext.seams import scheduler_seams
     from rksc_sgl import seams
     from rksc_sgl.config import RkscConfig
 
+    cpu_speed.cap_onednn_caches()  # before any oneDNN primitive of this process is built
     config = RkscConfig.from_env()  # fails loudly on a malformed RKSC_SGL_CONFIG
     seams.check(scheduler_seams())  # SystemExit naming any SGLang name we rely on that is gone
     introspection.install()

@@ -82,7 +82,7 @@ def section(rows: list[dict]) -> str:
     out = run_headers(rows) + [
         "| dataset | mode | wall s | x no-cache | x exact | accuracy [95% CI] | acc. vs exact | vote agrees "
         "| branch agrees | prefill tokens (per repeat) | prompt reuse | CGEE skip | CGEE exit layer | CGEE verify time x full "
-        "| CGEE error [UB95] | evicted tokens |",
+        "| CGEE error [UB95] | evicted tokens (per repeat) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -97,7 +97,7 @@ def section(rows: list[dict]) -> str:
             f"| {_fmt(per_repeat(r, 'prefill_tokens'), 'd')} | {_fmt(r['reuse_rate'], '.2f')} "
             f"| {_fmt(r['cgee_skip_rate'], '.2f')} | {_fmt(r['cgee_mean_exit_layer'], '.1f')} "
             f"| {_fmt(r.get('cgee_verify_time_ratio'), '.2f')} | {err} "
-            f"| {_fmt(r['evictions'], 'd')} |"
+            f"| {_fmt(per_repeat(r, 'evictions'), 'd')} |"
         )
     if len({r["dataset"] for r in rows}) > 1:  # with one dataset the rows say it all
         out += ["", "Per mode, over the datasets:", "", *headline(rows)]

@@ -98,7 +98,8 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
                 f"{e}/{n} decisions differ from full depth")
     exact = {x["dataset"]: x for x in rows if x["mode"] == "exact"}
     share = _mean(x["prefill_tokens"] / exact[x["dataset"]]["prefill_tokens"] for x in mine)
-    return f"prefill {share:.2f}x, {sum(x['evictions'] for x in mine):,} tokens evicted"
+    evicted = sum(x["evictions"] / (x.get("repeats") or 1) for x in mine)
+    return f"prefill {share:.2f}x, {evicted:,.0f} tokens evicted per repeat"
 
 
 def _datasets(path: Path, mode: str = "exact") -> str:

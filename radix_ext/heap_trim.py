@@ -7,8 +7,10 @@ freed, so soon every activation comes from the heap; the heap fragments, and fre
 middle keep their pages resident. The process's resident memory then climbs along a decelerating
 curve, with no object leaking: in a loop of oneDNN linears of SmolLM2-135M's shapes, rows 1..256
 in random order, resident memory after five passes grew 638, 777, 855, 890 and 902 MB; with
-``malloc_trim(0)`` after each pass it stayed at 458-468 MB, each call taking 16-100 ms. That is
-the shape of the scheduler's growth that ``benchmarks.soak`` measured (docs/serving.md).
+``malloc_trim(0)`` after each pass it stayed at 458-468 MB, each call taking 16-100 ms. In the
+server (``benchmarks.soak`` at b41f8e0, 30 minutes of unbroken load) each of its 6 trims released
+23-31 MB; the scheduler's steady growth beside them was oneDNN's primitive caches, now capped
+(``radix_ext/cpu_speed.py``).
 
 **What.** An AFTER hook on ``Scheduler.on_idle`` calls ``malloc_trim(0)`` once the scheduler is
 fully idle and ``interval_s`` passed since the last trim; an AFTER hook on

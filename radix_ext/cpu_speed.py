@@ -84,10 +84,10 @@ def _env_int(name: str, default: int) -> int:
 
 
 # oneDNN, and torch's ideep layer above it, each keep the primitives they build (JIT code and
-# scratch, ~250 KB per linear shape here) in a cache of 1,024 by default, one primitive per input
-# shape. A server's forwards bring every row count from 1 to MAX_ROWS: with SmolLM2-135M's four
-# linear shapes, a loop over every row count left the process ~480 MB larger, the growth
-# benchmarks.soak saw in the scheduler over its first hour. Capped, a primitive that falls out is
+# scratch) in a cache of 1,024 by default, one primitive per input shape. A server's forwards
+# bring every row count from 1 to MAX_ROWS: with SmolLM2-135M's four linear shapes, a loop over
+# every row count left a fresh process ~480 MB larger; that was the scheduler's steady growth
+# under benchmarks.soak (150 MB in 30 minutes, still climbing). Capped, a primitive that falls out is
 # rebuilt when its shape comes back, which the same loop did not measurably slow.
 ONEDNN_CACHE_ENVS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 ONEDNN_CACHE_CAPACITY = 64

@@ -49,6 +49,7 @@ _OPTIONS_ATTR = "_rksc_options"
 _PROGRAM_ATTR = "_rksc_program_key"
 # sglang-router's header for sticky routing (its ``manual`` policy pins each key to one worker).
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+FLUSH_TIMEOUT_S = 60.0  # how long a flush waits for the requests still in the scheduler
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
@@ -243,12 +244,17 @@ class RkscEndpoint(RuntimeEndpoint):
         """POST ``data`` to ``/generate``, with the program's routing key as a header if given.
         (SGLang's ``http_request`` takes no headers; ``requests`` honours ``verify`` as it does.)"""
         headers = {} if routing_key is None else {ROUTING_KEY_HEADER: routing_key}
-        if self.api_key is not None:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        res = requests.post(self.base_url + "/generate", json=data, headers=headers, stream=stream,
-                            verify=True if self.verify is None else self.verify)
+        res = self._http_post(self.base_url + "/generate", json=data, headers=headers, stream=stream)
         self._assert_success(res)
         return res
+
+    def _http_post(self, url: str, headers: dict[str, str] | None = None, **kwargs: Any) -> requests.Response:
+        """``requests.post`` with the endpoint's API key and TLS ``verify`` setting."""
+        headers = dict(headers or {})
+        if self.api_key is not None:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return requests.post(url, headers=headers, verify=True if self.verify is None else self.verify,
+                             **kwargs)
 
     def _send(self, data: dict[str, Any], routing_key: str | None = None):
         """The response to the ``/generate`` body ``data`` (a list for a batch)."""
@@ -278,6 +284,18 @@ class RkscEndpoint(RuntimeEndpoint):
         if len(s.images_) != 1:
             raise ValueError(f"a program can send one image (sgl.image), this one has {len(s.images_)}")
         data["image_data"] = s.images_[0][1]
+
+    def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Empty the radix cache, waiting up to ``timeout_s`` for the scheduler to go idle.
+
+        SGLang refuses a flush while its last batch still holds a request that just finished (the
+        client has its answer one scheduler step before the batch is filtered), so an immediate
+        flush after a program can fail; its ``timeout`` defers the flush until idle instead. Raises
+        ``RuntimeError`` with the server's reason if the cache was not flushed.
+        """
+        res = self._http_post(self.base_url + "/flush_cache", params={"timeout": timeout_s}, timeout=timeout_s + 30)
+        if res.status_code != 200:
+            raise RuntimeError(f"flush_cache failed: {res.text.strip()}")
 
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
@@ -406,8 +424,10 @@ class RkscEngineEndpoint(RkscEndpoint):
     def token_ids(self, text: str) -> list[int]:
         return list(self.engine.tokenizer_manager.tokenizer.encode(text, add_special_tokens=False))
 
-    def flush_cache(self):
-        return self.run(self.engine.tokenizer_manager.flush_cache())
+    def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        result = self.run(self.engine.tokenizer_manager.flush_cache(timeout_s=timeout_s), timeout_s + 30)
+        if not result.success:
+            raise RuntimeError(f"flush_cache failed: {result.message or 'the scheduler was not idle'}")
 
     def get_server_info(self):
         states = self.run(self.engine.tokenizer_manager.get_internal_state())

@@ -1,8 +1,11 @@
 """Both frontend backends, ``RkscEndpoint`` (the session's server) and ``RkscEngineEndpoint`` (the
-session's engine), through SGLang's frontend: ``stream=True`` streams, and images are refused by
-a model that cannot read them."""
+session's engine), through SGLang's frontend: ``stream=True`` streams, images are refused by a
+model that cannot read them, and ``flush_cache`` empties the cache or says why it could not."""
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sglang as sgl
@@ -37,6 +40,19 @@ def described(s):
     s += sgl.image(PNG)
     s += "What is in the picture?"
     s += sgl.gen("answer", max_tokens=4, temperature=0)
+
+
+@sgl.function
+def long_count(s):
+    s += "Count to two hundred: 1, 2, 3,"
+    s += sgl.gen("numbers", max_tokens=96, temperature=0, ignore_eos=True)
+
+
+def wait_until_running(backend, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while backend.kv_pool()["running_requests"] == 0:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.05)
 
 
 def recording_stream(backend, monkeypatch) -> list[str]:
@@ -81,3 +97,23 @@ class TestImages:
             assert isinstance(state.error(), ValueError)
             assert "does not read images" in str(state.error())
         assert backend.reset_counters().requests == 0
+
+
+class TestFlushCache:
+    def test_a_flush_waits_for_the_running_request_then_empties_the_cache(self, backend):
+        with ThreadPoolExecutor(1) as executor:
+            running = executor.submit(lambda: long_count.run(backend=backend)["numbers"])
+            wait_until_running(backend)
+            backend.flush_cache()  # SGLang alone refuses while a request runs; ours waits for it
+            assert running.result(timeout=60)
+        pool = backend.kv_pool()
+        assert pool["evictable"] == 0 and pool["available"] == pool["total"], pool
+
+    def test_a_flush_that_may_not_wait_raises_with_the_reason(self, backend):
+        with ThreadPoolExecutor(1) as executor:
+            running = executor.submit(lambda: long_count.run(backend=backend)["numbers"])
+            wait_until_running(backend)
+            with pytest.raises(RuntimeError, match="flush_cache failed"):
+                backend.flush_cache(timeout_s=0)
+            assert running.result(timeout=60)
+        assert_no_kv_leak(backend)

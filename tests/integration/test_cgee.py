@@ -58,15 +58,6 @@ def computation(out: dict):
     return out["text"], m["output_token_logprobs"], m["output_top_logprobs"]
 
 
-def flush(backend) -> None:
-    """Empty the radix tree; SGLang refuses while the last request is still being retired."""
-    for _ in range(50):
-        if backend.flush_cache().success and backend.kv_pool()["evictable"] == 0:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"cache not flushed: {backend.kv_pool()}")
-
-
 def queued_behind_a_blocker(backend, body: dict):
     """Send ``body`` while the scheduler is busy with a long prefill, so its requests are all
     waiting when the next prefill batch is formed (and can share it)."""
@@ -91,11 +82,11 @@ class TestNoTraceInvariant:
     def test_a_later_request_computes_exactly_what_it_computes_on_a_fresh_cache(self, backend):
         prompt = verifier_prompt(backend, CONTEXT)
         # Reference: a fresh radix tree holding the context (as after generating it), then the request.
-        flush(backend)
+        backend.flush_cache()
         generate(backend, CONTEXT, {"max_new_tokens": 1})
         reference = generate(backend, prompt, GREEDY)
         # Same state, but an early-exited verification of the same prompt runs in between.
-        flush(backend)
+        backend.flush_cache()
         generate(backend, CONTEXT, {"max_new_tokens": 1})
         verdict = generate(backend, prompt, flagged(EARLY))
         assert info(verdict, "rksc_exit_layer") == 3 and info(verdict, "rksc_layer_calls") == 3
@@ -109,7 +100,7 @@ class TestNoTraceInvariant:
 
     def test_control_an_ordinary_request_does_leave_its_prompt_in_the_cache(self, backend):
         prompt = verifier_prompt(backend, CONTEXT)
-        flush(backend)
+        backend.flush_cache()
         first = generate(backend, prompt, {"max_new_tokens": 1, "temperature": 0})
         second = generate(backend, prompt, {"max_new_tokens": 1, "temperature": 0})
         assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 1

@@ -259,6 +259,7 @@ DOC_SECTIONS = {
     "tot": ("tot.jsonl", None),
     "load": ("load.jsonl", tables.load_section),
     "scaleout": ("scaleout.jsonl", tables.scaleout_section),
+    "scheduler-profile": ("scheduler_profile.jsonl", tables.scheduler_profile_section),
 }
 
 

@@ -207,6 +207,31 @@ def load_section(path: Path) -> str:
                         "prompt reuse", "evicted tokens", "pool balanced, still serving"], body))
 
 
+CACHE_CLASS = {"exact": "SGLang's `UnifiedRadixCache`", "rksc-lru": "our `RkscRadixCache`, LRU",
+               "rsbcm-only": "ours, RSBCM"}
+PROFILE_COLUMNS = ("model forward", "sampling", "radix cache", "rksc hooks", "scheduler loop (other)")
+
+
+def scheduler_profile_section(path: Path) -> str:
+    """``benchmarks.profile_scheduler``'s latest run per (workload, dataset): the scheduler's
+    seconds by category, per mode."""
+    latest = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            latest[(r["workload"], r["dataset"])] = r
+    out = []
+    for (workload, dataset), r in latest.items():
+        body = [[f"{m['mode']} ({CACHE_CLASS[m['mode']]})" if m["mode"] in CACHE_CLASS else m["mode"],
+                 f"{m['bench_wall_s']:.1f}"] + [f"{m['seconds_by_category'].get(c, 0.0):.2f}" for c in PROFILE_COLUMNS]
+                for m in r["modes"]]
+        out.append(f"{workload}, {dataset}, {r['limit']} problems: commit {r['commit']}, {r['date']}, {r['machine']}, "
+                   f"one run per mode. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
+                   + markdown(["mode", "bench wall s", "model forward s", "sampling s", "radix cache s",
+                               "our other hooks s", "rest of the loop s"], body))
+    return "\n".join(out)
+
+
 def cgee_calibration_section(path: Path) -> str:
     """``benchmarks.calibrate_cgee``'s output: the thresholds it chose, pooled and per dataset, with
     the skip rate and the CGEE error (and its 95% upper bound) they had on the calibration split."""

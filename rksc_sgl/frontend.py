@@ -195,6 +195,14 @@ def install_fork_prefix_fix() -> None:
     StreamExecutor.fork = fork
 
 
+def flush_server(base_url: str, timeout_s: float = FLUSH_TIMEOUT_S, post=requests.post) -> None:
+    """Empty the radix cache of the server at ``base_url`` once its scheduler is idle (SGLang's
+    ``/flush_cache?timeout=``); raises ``RuntimeError`` with the server's reason if it was not."""
+    res = post(base_url + "/flush_cache", params={"timeout": timeout_s}, timeout=timeout_s + 30)
+    if res.status_code != 200:
+        raise RuntimeError(f"flush_cache failed on {base_url}: {res.text.strip()}")
+
+
 def chat_template_for(model_path: str):
     """SGLang's frontend matches templates by path name; fall back to the model's own tokenizer."""
     template = get_chat_template_by_model_path(model_path)
@@ -293,9 +301,7 @@ class RkscEndpoint(RuntimeEndpoint):
         flush after a program can fail; its ``timeout`` defers the flush until idle instead. Raises
         ``RuntimeError`` with the server's reason if the cache was not flushed.
         """
-        res = self._http_post(self.base_url + "/flush_cache", params={"timeout": timeout_s}, timeout=timeout_s + 30)
-        if res.status_code != 200:
-            raise RuntimeError(f"flush_cache failed: {res.text.strip()}")
+        flush_server(self.base_url, timeout_s, post=self._http_post)
 
     def kv_pool(self) -> dict[str, int]:
         """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""

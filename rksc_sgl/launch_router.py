@@ -42,7 +42,7 @@ from typing import Iterator
 import requests
 
 from rksc_sgl import servers
-from rksc_sgl.frontend import FLUSH_TIMEOUT_S
+from rksc_sgl.frontend import flush_server
 
 ROUTER_ENV = "RKSC_ROUTER_PYTHON"
 FRONT_VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-front" / "bin" / "python"
@@ -179,10 +179,7 @@ class Cluster:
         """Empty every worker's radix cache (between measured runs), each once it is idle;
         raises ``RuntimeError`` with the worker's reason if one was not flushed."""
         for url in self.worker_urls:
-            res = requests.post(url + "/flush_cache", params={"timeout": FLUSH_TIMEOUT_S},
-                                timeout=FLUSH_TIMEOUT_S + 30)
-            if res.status_code != 200:
-                raise RuntimeError(f"flush_cache failed on {url}: {res.text.strip()}")
+            flush_server(url)
 
     def stop_router(self) -> None:
         if self.router is not None:

@@ -45,6 +45,15 @@ class Mode:
     def cgee(self) -> bool:
         return "cgee" in self.mechanisms
 
+    @property
+    def cache_class(self) -> str:
+        """The KV cache this mode runs in and its eviction order, as the tables name them."""
+        if self.disable_radix_cache:
+            return "no radix cache"
+        if self.backend is None and not self.rksc_config().uses_backend:
+            return "SGLang's `UnifiedRadixCache`, LRU"
+        return f"our `RkscRadixCache`, {'RSBCM' if 'rsbcm' in self.mechanisms else 'LRU'}"
+
 
 MODES: dict[str, Mode] = {
     "no-cache": Mode("no-cache", disable_radix_cache=True),

@@ -12,6 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks.modes import MODES
 from benchmarks.records import latest_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -207,8 +208,6 @@ def load_section(path: Path) -> str:
                         "prompt reuse", "evicted tokens", "pool balanced, still serving"], body))
 
 
-CACHE_CLASS = {"exact": "SGLang's `UnifiedRadixCache`", "rksc-lru": "our `RkscRadixCache`, LRU",
-               "rsbcm-only": "ours, RSBCM"}
 PROFILE_COLUMNS = ("model forward", "sampling", "radix cache", "rksc hooks", "scheduler loop (other)")
 
 
@@ -222,7 +221,7 @@ def scheduler_profile_section(path: Path) -> str:
             latest[(r["workload"], r["dataset"])] = r
     out = []
     for (workload, dataset), r in latest.items():
-        body = [[f"{m['mode']} ({CACHE_CLASS[m['mode']]})" if m["mode"] in CACHE_CLASS else m["mode"],
+        body = [[f"{m['mode']} ({MODES[m['mode']].cache_class})" if m["mode"] in MODES else m["mode"],
                  f"{m['bench_wall_s']:.1f}"] + [f"{m['seconds_by_category'].get(c, 0.0):.2f}" for c in PROFILE_COLUMNS]
                 for m in r["modes"]]
         out.append(f"{workload}, {dataset}, {r['limit']} problems: commit {r['commit']}, {r['date']}, {r['machine']}, "

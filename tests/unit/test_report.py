@@ -37,12 +37,25 @@ def test_section_has_the_command_a_row_per_dataset_and_mode_and_the_headline():
     assert "python -m benchmarks.bench --workload bon-verify --datasets gsm8k,gpqa --limit 50 " \
            "--modes no-cache,exact,cgee-only" in text
     assert text.count("| gsm8k |") == 3 and text.count("| gpqa |") == 3
-    assert "| gsm8k | cgee-only | 160.0 | 1.88 | 1.25 |" in text
+    assert "| gsm8k | cgee-only | 160.0 | 1.88 | 1.25 | - |" in text  # one repeat: nothing to pair
     assert "-0.02" in text  # accuracy delta beside the speed-up
     assert "- `cgee-only`: 1.88x over no-cache (range 1.88-1.88); 1.25x over exact" in text
     assert "accuracy -2.0 points vs exact" in text
     assert "CGEE error 2/100 = 2.0%" in text
     assert "commit abc1234" in text
+
+
+def test_repeats_are_paired_with_exacts_walls_in_the_same_repeat_of_the_same_run():
+    table = rows() + rows(run_id="3")
+    for r in table:
+        r["repeats"] = 3
+        r["wall_s_samples"] = {"exact": [200.0, 180.0, 220.0], "cgee-only": [250.0, 150.0, 200.0]}.get(r["mode"], [1.0])
+    table[-2]["wall_s_samples"] = [100.0, 100.0, 100.0]  # run 3's gpqa exact: run 2's cgee-only must not pair with it
+    text = section(table)
+    assert text.count("| gsm8k | cgee-only | 160.0 | 1.88 | 1.25 | 0.80 / 1.20 / 1.10 |") == 2
+    assert text.count("| gpqa | cgee-only | 160.0 | 1.88 | 1.25 | 0.80 / 1.20 / 1.10 |") == 1
+    assert "| gpqa | cgee-only | 160.0 | 1.88 | 1.25 | 0.40 / 0.67 / 0.50 |" in text
+    assert "| gsm8k | exact | 200.0 | 1.50 | 1.00 | - |" in text and "| gsm8k | no-cache | 300.0 | 1.00 | 0.67 | - |" in text
 
 
 def test_pooled_error_sums_decisions_over_datasets():
@@ -212,3 +225,32 @@ def test_a_curve_with_trace_points_gets_the_trace_stop_table():
     assert "Trace stops" not in curve_table(curve)
     curve["datasets"]["gpqa"] = {**entry, "trace_points": [trace]}
     assert "| gpqa | 1.234 (p25) | `beta:0.9` | scheduler | 3 | 12 / 16 | 30.0% | 0.90 |" in curve_table(curve)
+
+
+def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every_modes_cache_class(tmp_path):
+    from benchmarks.tables import scheduler_profile_section
+
+    def run(commit, dataset, forward):
+        modes = [{"mode": mode, "bench_wall_s": 30.0, "seconds_by_category": {"model forward": forward, "radix cache": 0.06}}
+                 for mode in ("exact", "rksc-lru", "rsbcm-only", "no-cache", "a-mode-bench-dropped")]
+        return {"commit": commit, "date": "2026-12-03", "machine": "m", "command": f"profile {dataset}",
+                "workload": "bon-verify", "dataset": dataset, "limit": 20, "modes": modes}
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (run("old", "gpqa", 1.0), run("abc", "mmlu-stem", 2.0),
+                                                     run("new", "gpqa", 3.0))) + "\n")
+    out = scheduler_profile_section(path)
+    # one table per (workload, dataset), in the order first profiled, from its latest run
+    assert "commit old" not in out and out.index("gpqa, 20 problems: commit new") < out.index("mmlu-stem, 20 problems")
+    assert "| exact (SGLang's `UnifiedRadixCache`, LRU) | 30.0 | 3.00 | 0.00 | 0.06 | 0.00 | 0.00 |" in out
+    assert "| rksc-lru (our `RkscRadixCache`, LRU) |" in out and "| rsbcm-only (our `RkscRadixCache`, RSBCM) |" in out
+    assert "| no-cache (no radix cache) |" in out and "| a-mode-bench-dropped | 30.0 |" in out
+
+
+def test_every_benchmark_mode_names_its_cache_class():
+    from benchmarks.modes import MODES
+
+    classes = {name: mode.cache_class for name, mode in MODES.items()}
+    assert classes["exact"] == classes["cgee-only"] == classes["adaptive"] == "SGLang's `UnifiedRadixCache`, LRU"
+    assert classes["rksc-lru"] == classes["asks-only"] == "our `RkscRadixCache`, LRU"
+    assert classes["rksc"] == classes["rsbcm-only"] == "our `RkscRadixCache`, RSBCM"

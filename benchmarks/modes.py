@@ -1,7 +1,9 @@
 """The benchmark's modes: which rksc-sgl mechanisms are on, and how the engine is configured.
 
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
-with LRU); ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock LRU with no
+with LRU); ``exact-again`` is ``exact`` run a second time in each repeat, the A/A control: its ratio
+to ``exact`` is how far two identical runs read apart on the machine, the resolution every other
+mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock LRU with no
 mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
 mechanism that has landed; the ``*-only`` modes are the ablations; ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
@@ -58,6 +60,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "no-cache": Mode("no-cache", disable_radix_cache=True),
     "exact": Mode("exact"),
+    "exact-again": Mode("exact-again"),
     "rksc-lru": Mode("rksc-lru", backend=BACKEND_NAME),
     "adaptive": Mode("adaptive", adaptive=True),
     "group-stop": Mode("group-stop", adaptive=True, group_stop=True),

@@ -85,6 +85,7 @@ def section(rows: list[dict]) -> str:
         "| CGEE verify time x full | CGEE error [UB95] | evicted tokens (per repeat) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    paired = {id(r): paired_vs_exact(r, run) for run in runs_of(rows) for r in run}
     for r in rows:
         ci = r.get("accuracy_ci95")
         acc = f"{r['accuracy']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else _fmt(r["accuracy"], ".2f")
@@ -92,9 +93,9 @@ def section(rows: list[dict]) -> str:
         err = "-" if r.get("cgee_error") is None else f"{r['cgee_error']:.2f} [{r['cgee_error_ub95']:.2f}]"
         out.append(
             f"| {r['dataset']} | {r['mode']} | {r['wall_s']:.1f} | {_fmt(r['speedup_vs_no_cache'], '.2f')} "
-            f"| {_fmt(r['speedup_vs_exact'], '.2f')} | {paired_vs_exact(r, rows)} | {acc} | {_fmt(delta, '+.2f')} "
+            f"| {_fmt(r['speedup_vs_exact'], '.2f')} | {paired[id(r)]} | {acc} | {_fmt(delta, '+.2f')} "
             f"| {_fmt(r['answer_agreement_vs_exact'], '.2f')} | {_fmt(r.get('branch_text_agreement_vs_exact'), '.2f')} "
-            f"| {_fmt(per_repeat(r, 'prefill_tokens'), 'd')} | {_fmt(r['reuse_rate'], '.2f')} "
+            f"| {prefill_cell(r)} | {_fmt(r['reuse_rate'], '.2f')} "
             f"| {_fmt(r['cgee_skip_rate'], '.2f')} | {_fmt(r['cgee_mean_exit_layer'], '.1f')} "
             f"| {_fmt(r.get('cgee_verify_time_ratio'), '.2f')} | {err} "
             f"| {_fmt(per_repeat(r, 'evictions'), 'd')} |"
@@ -106,16 +107,24 @@ def section(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def paired_vs_exact(row: dict, rows: list[dict]) -> str:
-    """``exact``'s wall over the row's, repeat by repeat (each repeat runs every mode once, so a
-    pair shares the machine's state), or "-" where there is no pairing (one repeat, or no
-    ``exact`` in the row's run)."""
+def paired_vs_exact(row: dict, run: list[dict]) -> str:
+    """``exact``'s wall over the row's, repeat by repeat, within the row's run (``records.runs_of``:
+    each repeat runs every mode once, so a pair shares the machine's state), or "-" where there is
+    no pairing (one repeat, or no ``exact`` of the row's dataset in its run)."""
     mine = row.get("wall_s_samples") or []
-    exact = next((r.get("wall_s_samples") or [] for r in rows if r["mode"] == "exact" and r["dataset"] == row["dataset"]
-                  and r.get("run_id") == row.get("run_id")), [])
+    exact = next((r.get("wall_s_samples") or [] for r in run if r["mode"] == "exact" and r["dataset"] == row["dataset"]), [])
     if row["mode"] == "exact" or len(mine) < 2 or len(exact) != len(mine):
         return "-"
     return " / ".join(f"{e / m:.2f}" for e, m in zip(exact, mine))
+
+
+def prefill_cell(row: dict) -> str:
+    """Prefill tokens of one repeat, or of each repeat where they differ (eviction and scheduling
+    order can move them between repeats)."""
+    each = row.get("prefill_tokens_per_repeat") or []
+    if len(set(each)) > 1:
+        return " / ".join(str(x) for x in each)
+    return _fmt(per_repeat(row, "prefill_tokens"), "d")
 
 
 def per_repeat(row: dict, key: str) -> int | None:

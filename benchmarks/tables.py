@@ -9,6 +9,7 @@ them between their markers (README.md's ``summary``, docs/benchmarks.md's ``spee
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -212,23 +213,32 @@ PROFILE_COLUMNS = ("model forward", "sampling", "radix cache", "rksc hooks", "sc
 
 
 def scheduler_profile_section(path: Path) -> str:
-    """``benchmarks.profile_scheduler``'s latest run per (workload, dataset): the scheduler's
-    seconds by category, per mode."""
+    """``benchmarks.profile_scheduler``'s latest run per (workload, dataset, bench flags): the
+    scheduler's seconds by category, per mode."""
     latest = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            latest[(r["workload"], r["dataset"])] = r
+            latest[(r["workload"], r["dataset"], profile_bench_args(r))] = r
     out = []
-    for (workload, dataset), r in latest.items():
+    for (workload, dataset, flags), r in latest.items():
         body = [[f"{m['mode']} ({MODES[m['mode']].cache_class})" if m["mode"] in MODES else m["mode"],
                  f"{m['bench_wall_s']:.1f}"] + [f"{m['seconds_by_category'].get(c, 0.0):.2f}" for c in PROFILE_COLUMNS]
                 for m in r["modes"]]
-        out.append(f"{workload}, {dataset}, {r['limit']} problems: commit {r['commit']}, {r['date']}, {r['machine']}, "
-                   f"one run per mode. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
+        flags = f", bench flags `{flags}`" if flags else ""
+        out.append(f"{workload}, {dataset}, {r['limit']} problems{flags}: commit {r['commit']}, {r['date']}, "
+                   f"{r['machine']}, one run per mode. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
                    + markdown(["mode", "bench wall s", "model forward s", "sampling s", "radix cache s",
                                "our other hooks s", "rest of the loop s"], body))
     return "\n".join(out)
+
+
+def profile_bench_args(record: dict) -> str:
+    """The ``--bench-args`` a profile ran the bench with (its record's, else its command's), or ""."""
+    if "bench_args" in record:
+        return record["bench_args"]
+    words = shlex.split(record["command"])
+    return words[words.index("--bench-args") + 1] if "--bench-args" in words[:-1] else ""
 
 
 def cgee_calibration_section(path: Path) -> str:

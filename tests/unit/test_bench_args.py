@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from benchmarks.bench import parse_args
@@ -119,6 +121,11 @@ def test_rksc_lru_is_our_cache_class_under_stock_lru_with_no_mechanism():
     assert lru.engine_overrides() == {"radix_cache_backend": BACKEND_NAME}
     (exact,) = resolve_modes("exact")
     assert "radix_cache_backend" not in exact.engine_overrides()  # exact keeps SGLang's default class
+
+
+def test_exact_again_is_exact_under_another_name():
+    exact, again = resolve_modes("exact,exact-again")
+    assert dataclasses.replace(again, name="exact") == exact  # the A/A control: every field but the name
 
 
 def test_repeat_r_starts_at_mode_r_mod_m():

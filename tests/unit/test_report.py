@@ -58,6 +58,17 @@ def test_repeats_are_paired_with_exacts_walls_in_the_same_repeat_of_the_same_run
     assert "| gsm8k | exact | 200.0 | 1.50 | 1.00 | - |" in text and "| gsm8k | no-cache | 300.0 | 1.00 | 0.67 | - |" in text
 
 
+def test_prefill_shows_each_repeat_where_the_repeats_differ():
+    table = rows()
+    for r in table:
+        r["repeats"] = 3
+        r["prefill_tokens"], r["prefill_tokens_per_repeat"] = 300, [100, 100, 100]
+    table[1]["prefill_tokens"], table[1]["prefill_tokens_per_repeat"] = 296, [100, 98, 98]  # gsm8k exact
+    text = section(table)
+    assert "| gsm8k | exact |" in text and "| 100 / 98 / 98 |" in text
+    assert text.count("| 100 |") == len(table) - 1  # the same in each repeat: one figure
+
+
 def test_pooled_error_sums_decisions_over_datasets():
     errors, n, ub = pooled_cgee_error([row("gsm8k", "cgee-only", cgee_error=0.02), row("gpqa", "cgee-only", cgee_error=0.0)])
     assert (errors, n) == (1, 100) and 0.01 < ub < 0.06
@@ -245,6 +256,14 @@ def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every
     assert "| exact (SGLang's `UnifiedRadixCache`, LRU) | 30.0 | 3.00 | 0.00 | 0.06 | 0.00 | 0.00 |" in out
     assert "| rksc-lru (our `RkscRadixCache`, LRU) |" in out and "| rsbcm-only (our `RkscRadixCache`, RSBCM) |" in out
     assert "| no-cache (no radix cache) |" in out and "| a-mode-bench-dropped | 30.0 |" in out
+    # a run with other bench flags (a capped pool) is a table of its own, whichever way it records them
+    capped = {**run("cap", "gpqa", 4.0), "command": "profile gpqa --bench-args '--pool-fraction 0.25'"}
+    path.write_text(path.read_text() + json.dumps(capped) + "\n")
+    out = scheduler_profile_section(path)
+    assert "gpqa, 20 problems: commit new" in out
+    assert "gpqa, 20 problems, bench flags `--pool-fraction 0.25`: commit cap" in out
+    path.write_text(path.read_text() + json.dumps({**capped, "commit": "cap2", "bench_args": "--pool-fraction 0.25"}) + "\n")
+    assert "bench flags `--pool-fraction 0.25`: commit cap2" in scheduler_profile_section(path)
 
 
 def test_every_benchmark_mode_names_its_cache_class():

@@ -274,6 +274,7 @@ DOC_SECTIONS = {
     "speed": ("speed.jsonl", tables.speed_section),
     "bon-verify": ("bon-verify.jsonl", None),
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),
+    "bon-verify-aa": ("aa/bon-verify.jsonl", None),
     "cgee-calibration": ("cgee_thresholds.json", tables.cgee_calibration_section),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),

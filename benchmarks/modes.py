@@ -3,8 +3,8 @@
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
 with LRU); ``exact-again`` is ``exact`` run a second time in each repeat, the A/A control: its ratio
 to ``exact`` is how far two identical runs read apart on the machine, the resolution every other
-mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock LRU with no
-mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
+mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock
+LRU with no mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
 mechanism that has landed; the ``*-only`` modes are the ablations; ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
 decides its vote; ``group-stop`` is ``exact`` plus the same rule as the runtime's group policy:

@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"benchmark": "scheduler_profile", "commit": git_commit(), "machine": machine(),
               "date": time.strftime("%Y-%m-%d"), "rate": args.rate,
               "command": "python -m benchmarks.profile_scheduler " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "workload": args.workload, "dataset": args.dataset, "limit": args.limit,
-              "bench_args": shlex.join(args.bench_args), "modes": modes}
+              "workload": args.workload, "dataset": args.dataset, "limit": args.limit, "modes": modes}
     append_jsonl(args.output, [record])
     print(table(record))
     for m in modes:

@@ -234,9 +234,7 @@ def scheduler_profile_section(path: Path) -> str:
 
 
 def profile_bench_args(record: dict) -> str:
-    """The ``--bench-args`` a profile ran the bench with (its record's, else its command's), or ""."""
-    if "bench_args" in record:
-        return record["bench_args"]
+    """The ``--bench-args`` a profile ran the bench with, read from its recorded command, or ""."""
     words = shlex.split(record["command"])
     return words[words.index("--bench-args") + 1] if "--bench-args" in words[:-1] else ""
 

@@ -15,6 +15,8 @@ from typing import Any
 
 ENV_VAR = "RKSC_SGL_CONFIG"
 POOLINGS = ("mean", "last")  # --asks-pooling
+ASKS_MODES = ("blend", "adopt")  # --asks-mode
+ASKS_SELECTORS = ("deviation", "leading")  # --asks-select
 BACKEND_NAME = "rksc"
 
 
@@ -64,6 +66,18 @@ class RkscConfig:
     # request into n queued children, so an unbounded n holds the queue (radix_ext.request_guards).
     max_n: int = 64
     asks_pooling: str = "last"  # a span's signature: "mean" over its tokens, or its "last" token's state
+    # ASKS's mode (docs/asks.md). "blend" (radix_ext.asks_blend): a request keeps every word; the
+    # KV of its tokens that its group computed after another opening is reused, K re-rotated to
+    # the request's positions, and a selected share of them recomputed. "adopt": the gate above
+    # rewrites a branch's opening span to a sibling's wording (exact KV, changed prompt).
+    asks_mode: str = "blend"
+    # Blend: the share of reused tokens recomputed (0: none, 1.0: all, token-identical to exact),
+    # chosen by "deviation" (CacheBlend: layers 1-2 computed whole, then the tokens whose value
+    # vectors deviate most from the donor's) or "leading" (EPIC: the first tokens of each reused
+    # segment); the request's last asks_fresh_tail tokens (question, assistant header) always are.
+    asks_recompute: float = 0.15
+    asks_select: str = "deviation"
+    asks_fresh_tail: int = 32
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -152,8 +166,23 @@ def _check_asks(config: RkscConfig) -> None:
     parse_layers(config.asks_layers)
     if config.asks_pooling not in POOLINGS:
         raise ValueError(f"--asks-pooling must be one of {', '.join(POOLINGS)}, got {config.asks_pooling!r}")
+    if config.asks_mode not in ASKS_MODES:
+        raise ValueError(f"--asks-mode must be one of {', '.join(ASKS_MODES)}, got {config.asks_mode!r}")
+    if config.asks_select not in ASKS_SELECTORS:
+        raise ValueError(f"--asks-select must be one of {', '.join(ASKS_SELECTORS)}, got {config.asks_select!r}")
+    check_recompute("--asks-recompute", config.asks_recompute)
+    value = config.asks_fresh_tail
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--asks-fresh-tail must be an int >= 1, got {value!r}")
     if not isinstance(config.asks_background, str) or not config.asks_background:
         raise ValueError(f"--asks-background must be 'auto', 'none' or a file path, got {config.asks_background!r}")
+
+
+def check_recompute(name: str, value: Any) -> float:
+    """A recompute share: a number in [0, 1]; ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
 
 
 def parse_layers(spec: str, num_layers: int | None = None) -> tuple[int, ...] | None:

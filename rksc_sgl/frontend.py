@@ -149,6 +149,31 @@ def paraphrase_fork(s, openers, tail: Any = "", *, group: str | None = None):
     return forks
 
 
+def share_chunks(s, chunks, *, group: str | None = None) -> str:
+    """Declare ``chunks`` (documents, exemplar blocks: strings) reusable by later requests of
+    substitution group ``group`` that contain them after ``s``'s text, in any order and at any
+    position (ASKS blend, ``docs/asks.md``): commits, as prefill-only requests of the group,
+    ``s``'s text (the anchor every chunk hangs below), then ``s``'s text + each chunk. A later
+    request of the group (``add_custom_params(state, AsksOptions(group=...).to_custom_params())``)
+    reuses each chunk's KV, re-rotated to where the chunk sits in it, recomputing a selected
+    share. Returns the group (default: the program's routing key)."""
+    chunks = list(chunks)
+    if not chunks or not all(isinstance(c, str) and c for c in chunks):
+        raise ValueError(f"share_chunks: chunks must be a non-empty list of non-empty strings, got {chunks!r}")
+    executor = s.stream_executor
+    backend = executor.backend
+    if not isinstance(backend, RkscEndpoint):
+        raise TypeError(f"share_chunks needs an rksc-sgl backend (RkscEndpoint or RkscEngineEndpoint), "
+                        f"got {type(backend).__name__}")
+    group = program_key(executor) if group is None else group
+    params = AsksOptions(group=group).to_custom_params()
+    head = s.text()
+    backend.prefill(head, custom_params=params)
+    for chunk in dict.fromkeys(chunks):
+        backend.prefill(head + chunk, custom_params=params)
+    return group
+
+
 def add_custom_params(state, entries: dict[str, Any]) -> None:
     """Merge ``entries`` into the ``custom_params`` every later gen of one program state (or its
     executor) sends, beside what ``branch_options`` set."""

@@ -227,12 +227,15 @@ ANSWER_PATTERN_MAX_CHARS = 512  # compiled and matched in the scheduler loop (ca
 @dataclasses.dataclass(frozen=True)
 class AsksOptions:
     """A request's ASKS options. ``group``: its substitution group, the only spans it may adopt
-    a wording from (and the only requests its own span commits may donate to); a request without
-    one is never rewritten and its commits leave no signature (``docs/asks.md``).
-    ``enabled=False`` keeps its prompt exactly as sent."""
+    a wording from or reuse KV from (and the only requests its own span commits may donate to); a
+    request without one is never rewritten or blended, and its commits leave no signature
+    (``docs/asks.md``). ``enabled=False`` keeps its prompt and KV exactly as computed.
+    ``recompute``: under blend, this request's share of reused tokens recomputed (0 to 1; None:
+    the server's ``--asks-recompute``)."""
 
     enabled: bool = True
     group: str | None = None
+    recompute: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -241,16 +244,22 @@ class AsksOptions:
                                        or not 0 < len(self.group) <= GROUP_MAX_CHARS):
             raise ValueError(f"custom_params.{ASKS_KEY}.group must be a string of 1 to {GROUP_MAX_CHARS} "
                              f"characters, got {self.group!r}")
+        value = self.recompute
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value <= 1):
+            raise ValueError(f"custom_params.{ASKS_KEY}.recompute must be a number in [0, 1], got {value!r}")
 
     def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {"enabled": self.enabled}
         if self.group is not None:
             entry["group"] = self.group
+        if self.recompute is not None:
+            entry["recompute"] = float(self.recompute)
         return {**(base or {}), ASKS_KEY: entry}
 
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
-        values = _entry(custom_params, ASKS_KEY, ("enabled", "group"))
+        values = _entry(custom_params, ASKS_KEY, ("enabled", "group", "recompute"))
         return cls() if values is None else cls(**values)
 
 

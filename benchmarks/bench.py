@@ -2,6 +2,8 @@
 
     python -m benchmarks.bench --workload sc --datasets gsm8k,arc-challenge,mmlu-stem,gpqa \\
         --limit 50 --modes no-cache,exact,rksc,rsbcm-only --repeats 1
+    python -m benchmarks.bench --workload role-sc --limit 50 --modes exact,exact-reseed,asks-only \\
+        --asks-recompute-sweep 0,0.15,1.0
 
 Each repeat runs every mode, in an order that rotates between repeats (repeat r starts at mode
 r mod M, recorded as ``mode_order``), so that drift over a long run falls on every mode alike;
@@ -11,7 +13,10 @@ exemplars, seeds and model; CGEE modes' rows count their own tokens and time apa
 untimed full-depth reference pass (``reference_*``). After all modes ran, speed-ups
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
-summary table is printed last. With ``exact`` in the run, every stop rule of
+summary table is printed last. The ASKS workloads (``paraphrase-sc``, ``role-sc``, ``multi-doc``)
+also compare every mode with ``exact`` branch by branch (``benchmarks.blend_quality``: first-token
+KL, identical outputs, ROUGE-L; ``exact-reseed`` is the two-seed floor) and count the prefill
+blend left uncomputed; ``--asks-recompute-sweep`` adds one blend mode per recompute share. With ``exact`` in the run, every stop rule of
 ``benchmarks.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
 ``<workload>_stop_curve.json``); ``adaptive`` rows compare the runtime's saving with the replay
 of their own rule. Stop thresholds are chosen on other problems: ``--calibration-offset 20``
@@ -33,11 +38,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks import stats as st
-from benchmarks.modes import MODES, resolve_modes
-from programs.datasets import DATASETS, load
+from benchmarks.modes import MODES, resolve_modes, sweep_modes
+from programs.datasets import load
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
 from benchmarks.stop_replay import choose, curve, replay_group_stop, replay_rule, replay_trace_stop, trace_curve
-from benchmarks.workloads import BenchSettings, resolve_workload
+from benchmarks.workloads import WORKLOADS, BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
 ADAPTIVE_WORKLOADS = ("sc", "diverse-sc", "bon-verify")  # the workloads whose branches vote
@@ -47,10 +52,14 @@ GROUP_STOP_WORKLOADS = ("sc", "diverse-sc")  # ... and whose branches may finish
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = BenchSettings()
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="sc", help="sc, diverse-sc, tot, bon-verify or paraphrase-sc (default: %(default)s)")
-    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--workload", default="sc", help=f"{', '.join(WORKLOADS)} (default: %(default)s)")
+    p.add_argument("--datasets", default=None,
+                   help="comma-separated (default: the workload's: every voting dataset; role-sc coqa, multi-doc coqa-short)")
     p.add_argument("--modes", default="no-cache,exact,rksc",
                    help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
+    p.add_argument("--asks-recompute-sweep", default=None,
+                   help="ASKS workloads: also run blend once per comma-separated recompute share in [0, 1] (each "
+                        "request asks for it), as modes asks-blend@<share>, e.g. 0,0.05,0.15,0.3,1.0")
     p.add_argument("--limit", type=int, default=20, help="problems per dataset (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per (dataset, mode); wall time is their median")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed of the run (default: %(default)s)")
@@ -58,8 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
                    help="per branch (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
-    p.add_argument("--shots", type=int, default=d.shots,
-                   help="held-out solved exemplars in front of every question (default: %(default)s)")
+    p.add_argument("--shots", type=int, default=None,
+                   help=f"held-out solved exemplars in front of every question (default: {d.shots}; "
+                        "role-sc and multi-doc: 0, they use none)")
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="problems (programs) in flight at once (default: all; bon-verify: 16)")
     p.add_argument("--cgee-thresholds", default=None,
@@ -83,12 +93,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     try:
-        args.workload_obj = resolve_workload(args.workload)
+        args.workload_obj = workload = resolve_workload(args.workload)
         args.mode_objs = resolve_modes(args.modes)
+        if args.asks_recompute_sweep is not None:
+            if not workload.branch_quality:
+                raise ValueError(f"--asks-recompute-sweep: runs only with --workload "
+                                 f"{', '.join(w.name for w in WORKLOADS.values() if w.branch_quality)}, "
+                                 f"not {args.workload!r}")
+            args.mode_objs += sweep_modes(args.asks_recompute_sweep)
+        if len({m.name for m in args.mode_objs}) != len(args.mode_objs):
+            raise ValueError(f"--modes: a mode is given twice in {args.modes!r}")
+        if args.datasets is None:
+            args.datasets = ",".join(workload.default_datasets or workload.datasets)
+        if args.shots is None:
+            args.shots = d.shots if workload.default_shots is None else workload.default_shots
         args.dataset_names = [x.strip() for x in args.datasets.split(",") if x.strip()]
         for name in args.dataset_names:
-            if name not in DATASETS:
-                raise ValueError(f"--datasets: unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+            if name not in workload.datasets:
+                raise ValueError(f"--datasets: unknown dataset {name!r} for --workload {args.workload}; "
+                                 f"valid: {', '.join(workload.datasets)}")
         for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -162,6 +185,8 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
     from rksc_sgl.frontend import RkscEngineEndpoint
 
     workload, settings = args.workload_obj, args.settings
+    if mode.seed_offset:  # exact-reseed: the same run under another seed base
+        settings = dataclasses.replace(settings, seed=settings.seed + mode.seed_offset)
     overrides = mode.engine_overrides()
     if max_total_tokens:
         overrides["max_total_tokens"] = max_total_tokens
@@ -184,7 +209,9 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
             pool = run.pool or backend.kv_pool()
             raw[name] = {"wall": wall, "run": run, "counters": counters, "reference": run.reference_tokens,
                          "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool,
-                         "max_total_tokens": max_total_tokens}
+                         "max_total_tokens": max_total_tokens,
+                         # blend's reused tokens left uncomputed (prefill = prompt - cached - these)
+                         "uncomputed": run.stats.get("asks_blend_uncomputed_tokens")}
     finally:
         backend.shutdown()
     return raw
@@ -201,8 +228,10 @@ def run_all(args, data) -> tuple[dict[str, dict[str, dict]], list[list[str]]]:
         orders.append([m.name for m in order])
         for mode in order:
             for name, r in run_mode(mode, args, data).items():
-                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0})
+                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0,
+                                                           "uncomputed": []})
                 acc["walls"].append(r["wall"])
+                acc["uncomputed"].append(r.get("uncomputed"))
                 acc["counters"].append(r["counters"])
                 acc["references"].append(r["reference"])
                 acc["evicted"] += r["evicted"]
@@ -265,6 +294,7 @@ def build_rows(args, results, meta) -> list[dict]:
                 **{k: v for k, v in run.stats.items() if k.startswith("asks_")},
                 **(substitution_quality(run.details, exact_run.details)
                    if "asks" in mode.mechanisms and run.details is not None and exact_run is not None else {}),
+                **blend_columns(args, mode, r, by_mode),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
                 "max_total_tokens": r["max_total_tokens"], "pool_tokens": r["pool"]["total"],
                 # Tokens left in the radix tree after the last repeat: the run's KV working set when
@@ -280,6 +310,29 @@ def build_rows(args, results, meta) -> list[dict]:
                    if run.branch_policy_answers and mode.name == "exact" else {}),
             })
     return rows
+
+
+def blend_columns(args, mode, r, by_mode) -> dict:
+    """The ASKS workloads' columns (``benchmarks.blend_quality``): the recompute share the mode's
+    requests asked for, prefill really computed (summed over repeats, and against exact's), and
+    the mode's branches against exact's, same problems and seeds (from the last repeat)."""
+    from benchmarks.blend_quality import branch_quality, computed_prefill
+
+    if not args.workload_obj.branch_quality:
+        return {}
+    computed = sum(computed_prefill(c.prefill_tokens, u) for c, u in zip(r["counters"], r["uncomputed"]))
+    exact = by_mode.get("exact")
+    exact_computed = (sum(computed_prefill(c.prefill_tokens, u) for c, u in zip(exact["counters"], exact["uncomputed"]))
+                      if exact else None)
+    out = {"asks_mode": mode.effective_asks_mode, "asks_recompute_asked": mode.recompute,
+           "seed_offset": mode.seed_offset or None,
+           "prefill_tokens_computed": computed,
+           "prefill_tokens_computed_per_repeat": [computed_prefill(c.prefill_tokens, u)
+                                                  for c, u in zip(r["counters"], r["uncomputed"])],
+           "prefill_computed_vs_exact": st.ratio(computed, exact_computed)}
+    if exact is not None and mode.name != "exact" and r["run"].details is not None:
+        out.update(branch_quality(r["run"].details, exact["run"].details))
+    return out
 
 
 def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
@@ -352,16 +405,34 @@ def earlier_curves(path: Path) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'dataset':14} {'mode':11} {'wall s':>7} {'x no-cache':>10} {'x exact':>8} {'prefill':>8} {'reuse':>6} "
+    head = (f"{'dataset':14} {'mode':15} {'wall s':>7} {'x no-cache':>10} {'x exact':>8} {'prefill':>8} {'reuse':>6} "
             f"{'acc':>6} {'acc 95% CI':>14} {'agree':>6} {'br.agree':>8} {'evicted':>8}")
     print("\n" + head + "\n" + "-" * len(head))
     fmt = lambda v, f: "-" if v is None else format(v, f)
     for r in rows:
         ci = "-" if r["accuracy_ci95"] is None else f"[{r['accuracy_ci95'][0]:.2f}, {r['accuracy_ci95'][1]:.2f}]"
-        print(f"{r['dataset']:14} {r['mode']:11} {r['wall_s']:>7.1f} {fmt(r['speedup_vs_no_cache'], '>10.2f')} "
+        print(f"{r['dataset']:14} {r['mode']:15} {r['wall_s']:>7.1f} {fmt(r['speedup_vs_no_cache'], '>10.2f')} "
               f"{fmt(r['speedup_vs_exact'], '>8.2f')} {r['prefill_tokens']:>8} {fmt(r['reuse_rate'], '>6.2f')} "
               f"{fmt(r['accuracy'], '>6.2f')} {ci:>14} {fmt(r['answer_agreement_vs_exact'], '>6.2f')} "
               f"{fmt(r['branch_text_agreement_vs_exact'], '>8.2f')} {fmt(r['evictions'], '>8')}")
+
+
+def print_blend(rows: list[dict]) -> None:
+    """The ASKS workloads' quality against exact (``benchmarks.blend_quality``)."""
+    mine = [r for r in rows if "prefill_tokens_computed" in r]
+    if not mine:
+        return
+    head = (f"{'dataset':11} {'mode':15} {'x exact':>7} {'computed':>9} {'x exact':>7} {'reused':>7} {'recomp':>7} "
+            f"{'KL med':>7} {'KL p90':>7} {'ident':>6} {'ROUGE-L':>7} {'vote':>5} {'acc':>5}")
+    print("\n" + head + "\n" + "-" * len(head))
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for r in mine:
+        print(f"{r['dataset']:11} {r['mode']:15} {fmt(r['speedup_vs_exact'], '>7.2f')} "
+              f"{r['prefill_tokens_computed']:>9} {fmt(r['prefill_computed_vs_exact'], '>7.2f')} "
+              f"{fmt(r.get('asks_reused_tokens'), '>7')} {fmt(r.get('asks_recomputed_tokens'), '>7')} "
+              f"{fmt(r.get('first_token_kl_median'), '>7.4f')} {fmt(r.get('first_token_kl_p90'), '>7.4f')} "
+              f"{fmt(r.get('output_identical_vs_exact'), '>6.2f')} {fmt(r.get('rouge_l_vs_exact'), '>7.3f')} "
+              f"{fmt(r['answer_agreement_vs_exact'], '>5.2f')} {fmt(r['accuracy'], '>5.2f')}")
 
 
 def print_adaptive(rows: list[dict]) -> None:
@@ -396,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     append_jsonl(out, rows)
     curve_file = write_curve(args, rows, meta)
     print_table(rows)
+    print_blend(rows)
     print_adaptive(rows)
     print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
     if curve_file:

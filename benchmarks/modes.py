@@ -5,7 +5,12 @@ with LRU); ``exact-again`` is ``exact`` run a second time in each repeat, the A/
 to ``exact`` is how far two identical runs read apart on the machine, the resolution every other
 mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock
 LRU with no mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
-mechanism that has landed; the ``*-only`` modes are the ablations; ``adaptive`` is ``exact`` plus
+mechanism that has landed; the ``*-only`` modes are the ablations (``asks-only``: ASKS at the
+server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-adoption mode;
+``exact-reseed`` is ``exact`` sampling with another seed base (``RESEED_OFFSET``): its agreement
+with ``exact`` is the two-seed noise floor that quality against exact is read against;
+``asks-blend@R`` (``--asks-recompute-sweep``, ``sweep_modes``) is blend with every request asking
+for recompute share R (``AsksOptions.recompute``); ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
 decides its vote; ``group-stop`` is ``exact`` plus the same rule as the runtime's group policy:
 every branch is launched at once, as in ``exact``, and the scheduler stops those still running
@@ -23,6 +28,8 @@ from rksc_sgl.config import BACKEND_NAME, RkscConfig
 
 MECHANISMS = ("asks", "cgee", "rsbcm")
 LANDED: frozenset[str] = frozenset({"rsbcm", "cgee", "asks"})  # grows as mechanisms land
+RESEED_OFFSET = 1_000_003  # exact-reseed's seed base: --seed + this
+SWEEP_PREFIX = "asks-blend@"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +41,20 @@ class Mode:
     adaptive: bool = False  # sample under the run's stop rule (``BenchSettings.stop_rule``)
     group_stop: bool = False  # ... applied by the scheduler's group stop rather than in rounds
     trace_stop: bool = False  # every branch also carries the run's trace-confidence stop (--trace-stop)
+    asks_mode: str | None = None  # --asks-mode; None: RkscConfig's default
+    # Blend: the recompute share every request of the workload asks for (AsksOptions.recompute);
+    # None: the server's --asks-recompute.
+    recompute: float | None = None
+    seed_offset: int = 0  # added to the run's --seed (exact-reseed: the two-seed noise floor)
 
     def rksc_config(self) -> RkscConfig:
-        return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms)
+        asks = {"asks_mode": self.asks_mode} if self.asks_mode else {}
+        return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms, **asks)
+
+    @property
+    def effective_asks_mode(self) -> str | None:
+        """"blend" or "adopt" where ASKS is on, else None."""
+        return self.rksc_config().asks_mode if "asks" in self.mechanisms else None
 
     def engine_overrides(self) -> dict[str, Any]:
         if self.disable_radix_cache:
@@ -67,6 +85,8 @@ MODES: dict[str, Mode] = {
     "group-stop+trace": Mode("group-stop+trace", adaptive=True, group_stop=True, trace_stop=True),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
+    "asks-adopt": Mode("asks-adopt", frozenset({"asks"}), asks_mode="adopt"),
+    "exact-reseed": Mode("exact-reseed", seed_offset=RESEED_OFFSET),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),
     "rsbcm-only": Mode("rsbcm-only", frozenset({"rsbcm"})),
 }
@@ -86,4 +106,23 @@ def resolve_modes(spec: str) -> list[Mode]:
         modes.append(mode)
     if not modes:
         raise ValueError("--modes: give at least one mode")
+    return modes
+
+
+def sweep_modes(spec: str) -> list[Mode]:
+    """``--asks-recompute-sweep``: one blend mode per comma-separated share in [0, 1], named
+    ``asks-blend@<share>``; ValueError naming the flag."""
+    from rksc_sgl.config import check_recompute
+
+    modes = []
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        try:
+            share = check_recompute("--asks-recompute-sweep", float(part))
+        except ValueError as e:
+            raise ValueError(f"--asks-recompute-sweep: {part!r} is not a share in [0, 1]") from e
+        modes.append(Mode(f"{SWEEP_PREFIX}{share:g}", frozenset({"asks"}), asks_mode="blend", recompute=share))
+    if not modes:
+        raise ValueError("--asks-recompute-sweep: give at least one share, e.g. 0,0.15,1.0")
+    if len({m.name for m in modes}) != len(modes):
+        raise ValueError(f"--asks-recompute-sweep: a share is repeated in {spec!r}")
     return modes

@@ -12,7 +12,7 @@ import json
 from typing import Any, Callable
 
 from benchmarks.modes import Mode
-from programs.datasets import Problem
+from programs.datasets import DATASETS, READING_DATASETS, Problem
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import StopRule
 
@@ -91,6 +91,13 @@ class WorkloadRun:
 class Workload:
     name: str
     run: Callable[[list[Problem], Any, Mode, BenchSettings, tuple[Problem, ...]], WorkloadRun]
+    datasets: tuple[str, ...] = DATASETS  # the datasets it runs on; the first is --datasets' default ...
+    default_datasets: tuple[str, ...] | None = None  # ... unless this is given (None: all of ``datasets``)
+    default_shots: int | None = None  # --shots when not given (None: BenchSettings')
+    # Branches keep their text, token ids and first-token top log-probabilities
+    # (``ParaBranch``): quality against exact branch by branch (``benchmarks.blend_quality``),
+    # and blend's recompute sweep (``--asks-recompute-sweep``) applies.
+    branch_quality: bool = False
 
 
 def digest(text: str) -> str:
@@ -177,8 +184,9 @@ EXEMPLAR_POOL = 200  # paraphrase-sc draws each problem's exemplars from the dat
 
 def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     """Paraphrase SC (``programs.paraphrase_sc``); exemplars drawn per problem from a pool at the
-    end of the dataset, apart from the evaluated problems. ASKS modes also run the control probe
-    (untimed, ``reference_s``) for the gate's false-accept rate in the runtime."""
+    end of the dataset, apart from the evaluated problems. ``asks-adopt`` modes also run the
+    adoption gate's control probe (untimed, ``reference_s``) for its false-accept rate in the
+    runtime."""
     import time
 
     from benchmarks.asks_quality import control_probe
@@ -192,14 +200,10 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
     asks_on = "asks" in mode.mechanisms
     before = _asks_seconds(backend) if asks_on else 0.0
     results = solve_batch(problems, pool, settings.shots, settings, backend, max_concurrency=settings.max_concurrency,
-                          progress_bar=True)
-    reports = [b.asks for r in results for b in r.branches if b.asks]
-    stats = {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
-             "asks_reused_tokens": sum(x.get("reused_tokens", 0) for x in reports) if reports else None}
-    if asks_on:  # scheduler time in ASKS's decisions and signature capture during the run
-        stats["asks_overhead_s"] = round(_asks_seconds(backend) - before, 3)
+                          progress_bar=True, recompute=mode.recompute)
+    stats = _asks_stats(results, backend, before) if asks_on else {}
     reference_s, reference_tokens, pool = 0.0, None, None
-    if asks_on:
+    if mode.effective_asks_mode == "adopt":
         # The probe's spans are the workload's own paraphrases, already cached under the run's group
         # (a cached span is never signed again, docs/asks.md): it runs on an empty tree, after the
         # run's pool is read, and neither its time nor its tokens count as the mode's.
@@ -207,17 +211,57 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
         backend.flush_cache()
         stats.update(control_probe(backend))
         reference_s, reference_tokens = time.perf_counter() - t0, backend.counters_snapshot() - tokens
+    return _branch_run(results, stats, reference_s=reference_s, reference_tokens=reference_tokens, pool=pool)
+
+
+def _asks_stats(results, backend, seconds_before: float) -> dict[str, Any]:
+    """ASKS's work in a run: adoptions, reused and recomputed tokens (``blend_quality.blend_work``),
+    and its scheduler time (decisions, signature capture) during the run."""
+    from benchmarks.blend_quality import blend_work
+
+    reports = [b.asks for r in results for b in r.branches if b.asks]
+    return {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,
+            **blend_work(results), "asks_overhead_s": round(_asks_seconds(backend) - seconds_before, 3)}
+
+
+def _branch_run(results, stats, **extra) -> WorkloadRun:
+    """A WorkloadRun of results whose branches are ``ParaBranch``es (the ASKS workloads)."""
     return WorkloadRun([r.answer for r in results], [r.correct for r in results],
                        [[b.answer for b in r.branches] for r in results],
                        [[digest(b.text) for b in r.branches] for r in results],
                        branch_tokens=[[len(b.token_logprobs or ()) for b in r.branches] for r in results],
-                       stats=stats, reference_s=reference_s, reference_tokens=reference_tokens, pool=pool,
-                       details=results)
+                       stats=stats, details=results, **extra)
+
+
+def _run_role_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    """Role SC over a shared passage (``programs.role_sc``): 8 roles, one CoQA story, a question."""
+    from programs.role_sc import solve_batch
+
+    asks_on = "asks" in mode.mechanisms
+    before = _asks_seconds(backend) if asks_on else 0.0
+    results = solve_batch(problems, settings, backend, max_concurrency=settings.max_concurrency, progress_bar=True,
+                          recompute=mode.recompute)
+    return _branch_run(results, _asks_stats(results, backend, before) if asks_on else {})
+
+
+def _run_multi_doc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    """Multi-document questions (``programs.multi_doc``): 4 shared documents per problem, each
+    branch its own order; the other documents drawn from the whole dataset."""
+    from programs.datasets import load
+    from programs.multi_doc import solve_batch
+
+    asks_on = "asks" in mode.mechanisms
+    before = _asks_seconds(backend) if asks_on else 0.0
+    pool = tuple(load(problems[0].dataset)) if problems else ()
+    results = solve_batch(problems, pool, settings, backend, max_concurrency=settings.max_concurrency,
+                          progress_bar=True, recompute=mode.recompute)
+    return _branch_run(results, _asks_stats(results, backend, before) if asks_on else {})
 
 
 def _asks_seconds(backend) -> float:
-    stats = backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]
-    return stats["decision_seconds"] + stats["capture_seconds"]
+    """The scheduler's seconds in ASKS so far (decisions, signature capture; 0 where not reported)."""
+    stats = (backend.get_server_info()["internal_states"][0].get("rksc_cache") or {}).get("asks") or {}
+    return stats.get("decision_seconds", 0.0) + stats.get("capture_seconds", 0.0)
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -225,7 +269,10 @@ WORKLOADS: dict[str, Workload] = {
     "diverse-sc": Workload("diverse-sc", _run_diverse_sc),
     "tot": Workload("tot", _run_tot),
     "bon-verify": Workload("bon-verify", _run_bon),
-    "paraphrase-sc": Workload("paraphrase-sc", _run_paraphrase_sc),
+    "paraphrase-sc": Workload("paraphrase-sc", _run_paraphrase_sc, branch_quality=True),
+    "role-sc": Workload("role-sc", _run_role_sc, READING_DATASETS, ("coqa",), default_shots=0, branch_quality=True),
+    "multi-doc": Workload("multi-doc", _run_multi_doc, READING_DATASETS, ("coqa-short",), default_shots=0,
+                          branch_quality=True),
 }
 
 

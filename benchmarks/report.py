@@ -103,6 +103,7 @@ def section(rows: list[dict]) -> str:
     if len({r["dataset"] for r in rows}) > 1:  # with one dataset the rows say it all
         out += ["", "Per mode, over the datasets:", "", *headline(rows)]
     out += asks_table(rows)
+    out += tables.blend_table(rows)
     out += adaptive_table(rows)
     return "\n".join(out) + "\n"
 

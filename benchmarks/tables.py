@@ -264,3 +264,37 @@ def cgee_calibration_section(path: Path) -> str:
             + markdown(["thresholds", "problems", "tau_conf", "margin", "min_layer (30: no layer exit)", "skipped",
                         "decisions differ from full depth", "95% upper bound"], body))
 
+
+
+def blend_table(rows: list[dict]) -> list[str]:
+    """The ASKS workloads' quality against ``exact``, same problems and seeds
+    (``benchmarks.blend_quality``), for every mode that has it; ``exact-reseed``'s row is the
+    two-seed floor and every row's vote agreement is shown beside it."""
+    mine = [r for r in rows if "prefill_tokens_computed" in r and r["mode"] != "exact"]
+    if not mine:
+        return []
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    floor = {r["dataset"]: r.get("answer_agreement_vs_exact") for r in rows if r["mode"] == "exact-reseed"}
+    exact = {r["dataset"]: r for r in rows if r["mode"] == "exact"}
+    out = ["", "Against `exact`, branch by branch on the same problems and seeds (`exact-reseed`: exact under "
+           "another seed base, the two-seed floor; `asks-blend@R`: every request asks blend to recompute share R; "
+           "prefill computed = prompt - cached - blend's reused tokens not recomputed; the accuracy interval is "
+           "exact's 95% Wilson interval):", "",
+           "| dataset | mode | ASKS mode | recompute asked | wall x exact | prefill computed x exact "
+           "| reused / recomputed tokens | first-token KL median (p90) | identical outputs | ROUGE-L vs exact "
+           "| vote agrees (two-seed floor) | accuracy (exact's 95% CI) | outcomes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in mine:
+        ci = (exact.get(r["dataset"]) or {}).get("accuracy_ci95")
+        acc = f"{fmt(r['accuracy'], '.2f')} ({'-' if not ci else f'{ci[0]:.2f}-{ci[1]:.2f}'})"
+        reused = (f"{r['asks_reused_tokens']} / {fmt(r.get('asks_recomputed_tokens'), 'd')}"
+                  if r.get("asks_reused_tokens") is not None else "-")
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted((r.get("asks_outcomes") or {}).items())) or "-"
+        out.append(
+            f"| {r['dataset']} | {r['mode']} | {r.get('asks_mode') or '-'} | {fmt(r.get('asks_recompute_asked'), 'g')} "
+            f"| {fmt(r.get('speedup_vs_exact'), '.2f')} | {fmt(r.get('prefill_computed_vs_exact'), '.2f')} | {reused} "
+            f"| {fmt(r.get('first_token_kl_median'), '.4f')} ({fmt(r.get('first_token_kl_p90'), '.4f')}) "
+            f"| {fmt(r.get('output_identical_vs_exact'), '.2f')} | {fmt(r.get('rouge_l_vs_exact'), '.3f')} "
+            f"| {fmt(r.get('answer_agreement_vs_exact'), '.2f')} ({fmt(floor.get(r['dataset']), '.2f')}) "
+            f"| {acc} | {outcomes} |")
+    return out

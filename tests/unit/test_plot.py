@@ -48,3 +48,17 @@ def test_the_stop_rule_curve_is_drawn_from_its_json_file(tmp_path):
                                 "datasets": {"arc-challenge": {"points": points}}}))
     (png,) = plot_curve(path, tmp_path)
     assert png.name == "sc_stop_curve.png" and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
+
+
+def test_a_recompute_sweep_gets_its_quality_against_speed_figure(tmp_path):
+    rows = [{**row("1", "coqa", mode, 1.0, 0.3), "workload": "role-sc", "speedup_vs_exact": speed,
+             "first_token_kl_median": kl, "answer_agreement_vs_exact": agree, "asks_recompute_asked": share}
+            for mode, speed, kl, agree, share in (
+                ("exact", 1.0, None, 1.0, None), ("exact-reseed", 1.0, 0.0, 0.7, None),
+                ("asks-only", 2.1, 0.01, 0.8, None), ("asks-adopt", 1.1, 0.0, 0.9, None),
+                ("asks-blend@0", 2.5, 0.2, 0.5, 0.0), ("asks-blend@0.15", 2.0, 0.01, 0.8, 0.15),
+                ("asks-blend@1", 0.9, 0.0, 1.0, 1.0))]
+    results = tmp_path / "role-sc.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    written = plot(results, tmp_path)
+    assert written[-1].name == "role-sc_recompute_sweep.png" and written[-1].stat().st_size > 10_000

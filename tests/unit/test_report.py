@@ -271,3 +271,21 @@ def test_every_benchmark_mode_names_its_cache_class():
     assert classes["exact"] == classes["cgee-only"] == classes["adaptive"] == "SGLang's `UnifiedRadixCache`, LRU"
     assert classes["rksc-lru"] == classes["asks-only"] == "our `RkscRadixCache`, LRU"
     assert classes["rksc"] == classes["rsbcm-only"] == "our `RkscRadixCache`, RSBCM"
+
+
+def test_blend_table_reads_each_mode_against_exact_beside_the_two_seed_floor():
+    from benchmarks.tables import blend_table
+
+    base = {"dataset": "coqa", "prefill_tokens_computed": 100, "accuracy": 0.4, "accuracy_ci95": [0.3, 0.5]}
+    rows = [{**base, "mode": "exact", "answer_agreement_vs_exact": 1.0},
+            {**base, "mode": "exact-reseed", "answer_agreement_vs_exact": 0.7, "first_token_kl_median": 0.0},
+            {**base, "mode": "asks-blend@0.15", "asks_mode": "blend", "asks_recompute_asked": 0.15,
+             "speedup_vs_exact": 2.2, "prefill_computed_vs_exact": 0.3, "asks_reused_tokens": 900,
+             "asks_recomputed_tokens": 135, "first_token_kl_median": 0.0123, "first_token_kl_p90": 0.05,
+             "output_identical_vs_exact": 0.25, "rouge_l_vs_exact": 0.61, "answer_agreement_vs_exact": 0.8,
+             "asks_outcomes": {"blended": 7, "no-anchor": 1}}]
+    text = "\n".join(blend_table(rows))
+    assert "| coqa | exact |" not in text
+    assert ("| coqa | asks-blend@0.15 | blend | 0.15 | 2.20 | 0.30 | 900 / 135 | 0.0123 (0.0500) | 0.25 | 0.610 "
+            "| 0.80 (0.70) | 0.40 (0.30-0.50) | blended 7, no-anchor 1 |") in text
+    assert blend_table([{**base, "mode": "exact"}]) == [] and blend_table([{"mode": "x", "dataset": "d"}]) == []

@@ -45,7 +45,7 @@ import time
 from array import array
 from typing import Any
 
-from radix_ext import asks_capture, exit_requests
+from radix_ext import asks_blend, asks_capture, exit_requests
 from radix_ext.asks_gate import Gate, Signature, adopts
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 
@@ -253,6 +253,9 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
     except ValueError:
         options = None
     reason = _skip_reason(req, recv_req, options)
+    if state.mode == "blend":
+        _register_blend(req, options, reason, state)
+        return
     if reason is None and req.sampling_params.max_new_tokens == 0:
         asks_capture.register(req, options.group)  # a span commit: its prefill leaves a signature
     if state.gate.tau >= 1.0:
@@ -279,18 +282,32 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
     setattr(req, DECISION_ATTR, decision)
 
 
+def _register_blend(req, options: AsksOptions | None, reason: str | None, state: "AsksState") -> None:
+    """Blend mode: a prefill-only commit of a group leaves an anchor; a generating member may
+    blend at its prefill (``radix_ext.asks_blend``); a member that cannot says why."""
+    if reason is None and req.sampling_params.max_new_tokens == 0:
+        asks_blend.register_commit(req, options.group)
+    elif reason is None:
+        asks_blend.register_member(req, options)
+    elif reason not in ("no-group", "opted-out", "bad-options"):
+        decision = asks_blend.BlendDecision(f"skipped:{reason}", state.blend.recompute, state.blend.selector,
+                                            prompt_tokens=len(req.origin_input_ids))
+        state.blend_counters.count(decision)
+        setattr(req, asks_blend.DECISION_ATTR, decision)
+
+
 def _report(accumulator, *args, req=None, **kwargs):
     """BEFORE the output accumulator takes a request: its decision into ``customized_info``, once,
     when SGLang emits request-level keys (a streamed request's first chunk, else at its finish),
     so decoding steps in between pay one attribute check."""
-    decision: Decision | None = getattr(req, DECISION_ATTR, None)
+    decision = getattr(req, DECISION_ATTR, None) or getattr(req, asks_blend.DECISION_ATTR, None)
     if decision is None or decision.counted or not (req.stream or req.finished()):
         return None
     decision.counted = True
     if decision.adopted:
         decision.reused_tokens = max(0, req.cached_tokens - decision.span_start)
-    if _live_state:
-        _live_state[0].counters.reused_tokens += decision.reused_tokens
+        if _live_state:
+            _live_state[0].counters.reused_tokens += decision.reused_tokens
     if req.customized_info is None:
         req.customized_info = {}
     req.customized_info[ASKS_KEY] = [decision.report()]
@@ -306,15 +323,22 @@ def _request_level(result, streamer, key, *args, **kwargs):
 
 @dataclasses.dataclass
 class AsksState:
-    """What ASKS keeps per scheduler (on ``RkscRadixCache.asks``)."""
+    """What ASKS keeps per scheduler (on ``RkscRadixCache.asks``): the mode, adopt's gate and
+    counters, blend's settings, counters and anchors (group -> nodes where a commit ended)."""
 
     gate: Gate
     min_tail: int
     cap_bytes: int
     counters: Counters = dataclasses.field(default_factory=Counters)
+    mode: str = "adopt"
+    blend: asks_blend.BlendSettings | None = None
+    blend_counters: asks_blend.BlendCounters = dataclasses.field(default_factory=asks_blend.BlendCounters)
+    anchors: dict[str, set] = dataclasses.field(default_factory=dict)
+    cache: Any = None  # the RkscRadixCache holding this state (set by it)
 
     def __post_init__(self) -> None:
         _live_state[:] = [self]
+        asks_blend._live[:] = [self]
 
 
 def install() -> None:
@@ -328,6 +352,7 @@ def install() -> None:
     HookRegistry.register(REQUEST_LEVEL_TARGET, _request_level, HookType.AFTER)
     for target in TARGETS:
         HookRegistry.register(target, asks_capture.before_forward(_capture_settings), HookType.BEFORE)
+    asks_blend.install()
 
 
 def _capture_settings(model) -> tuple[tuple[int, ...], str]:

@@ -42,7 +42,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
-from radix_ext import asks_capture
+from radix_ext import asks_blend, asks_capture
 from radix_ext.asks import SIG_ATTR, AsksState
 from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
 from radix_ext.metrics import EVICTED_TOKENS
@@ -68,6 +68,8 @@ class RkscRadixCache(RadixCache):
         if rsbcm:
             params = dataclasses.replace(params, eviction_policy="lru", eviction_policy_config=None)
         super().__init__(params)
+        if asks is not None:
+            asks.cache = self
         if rsbcm:
             self.eviction_policy = POLICY_NAME
             if not self.disable:
@@ -78,6 +80,7 @@ class RkscRadixCache(RadixCache):
         self.score_reports = 0
         if getattr(self, "asks", None) is not None:  # the parent's __init__ calls reset first
             self.asks.counters.signatures = self.asks.counters.signature_bytes = 0
+            self.asks.anchors.clear()
 
     def checkpoint(self, req, *, up_to: int) -> None:
         own_start = req.prefix_len  # before the parent's insert: what the request found cached
@@ -85,7 +88,10 @@ class RkscRadixCache(RadixCache):
         if self.disable:
             return
         if self.asks is not None:
-            self._keep_signature(req)
+            if self.asks.mode == "blend":
+                asks_blend.on_checkpoint(self, req, own_start)
+            else:
+                self._keep_signature(req)
         tag = request_tag(req)
         if tag is None:
             return
@@ -114,6 +120,7 @@ class RkscRadixCache(RadixCache):
     def _delete_leaf(self, node) -> None:
         super()._delete_leaf(node)
         EVICTED_TOKENS["unscored" if node_score(node) is None else "scored"] += len(node.key)
+        asks_blend.on_delete(self, node)
         signature = getattr(node, SIG_ATTR, None)
         if signature is not None and self.asks is not None:
             setattr(node, SIG_ATTR, None)
@@ -125,6 +132,7 @@ class RkscRadixCache(RadixCache):
         for attr in (DEPTH_ATTR, SCORE_ATTR):
             if hasattr(child, attr):
                 setattr(new_node, attr, getattr(child, attr))
+        asks_blend.on_split(child, new_node)
         return new_node
 
 
@@ -194,4 +202,6 @@ def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
     background = asks_background.load(config.asks_background, asks_background.model_fingerprint(model), layers,
                                       config.asks_pooling)
     gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background, config.asks_pooling)
-    return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20))
+    blend = asks_blend.BlendSettings(config.asks_recompute, config.asks_select, config.asks_fresh_tail)
+    return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20), mode=config.asks_mode,
+                     blend=blend)

@@ -32,6 +32,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 BACKEND_NAME = "rksc_cpu"
+BLEND_VIEW_ATTR = "rksc_blend_view"  # = radix_ext.asks_blend.VIEW_ATTR (that module imports this one)
 logger = logging.getLogger(__name__)
 
 
@@ -121,6 +122,24 @@ def extend_attention(
     ).squeeze(0)
 
 
+def blend_extend_attention(
+    query: torch.Tensor,  # [q_heads, rows, head_dim]
+    keys: torch.Tensor,  # [kv_heads, seq_len, head_dim], the request's whole row of the pool
+    values: torch.Tensor,  # [kv_heads, seq_len, v_head_dim]
+    query_positions: torch.Tensor,  # [rows] int64, each row's position in the request
+    scale: float | None = None,
+) -> torch.Tensor:  # [q_heads, rows, v_head_dim]
+    """Causal attention of rows at arbitrary positions of one request: row ``i`` sees the keys at
+    positions ``<= query_positions[i]`` (ASKS blend's kept rows, between reused ones)."""
+    mask = torch.arange(keys.shape[1], device=query.device)[None, :] <= query_positions[:, None]
+    if keys.dtype != query.dtype:
+        keys, values = keys.to(query.dtype), values.to(query.dtype)
+    return F.scaled_dot_product_attention(
+        query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, scale=scale,
+        enable_gqa=query.shape[0] != keys.shape[0],
+    ).squeeze(0)
+
+
 class RkscCpuAttnBackend(TorchNativeAttnBackend):
     """``TorchNativeAttnBackend`` with one batched decode call per layer, and an extend that
     attends from the new tokens only, unless they outnumber the cached prefix (``extend_attention``).
@@ -182,6 +201,35 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
             output[start:start + extend_len] = out.movedim(0, 1)
             start += extend_len
         return output
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        """Stock's, unless ASKS blend reduced the batch to its kept rows (``radix_ext.asks_blend``):
+        then only those rows write their KV, and each attends to its request's whole row of the
+        pool up to its own position (``blend_extend_attention``)."""
+        view = getattr(forward_batch, BLEND_VIEW_ATTR, None)
+        if view is None or layer.is_cross_attention or (
+                layer.sliding_window_size is not None and layer.sliding_window_size > -1):
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(view.out_cache_loc, None), k, v)
+        query = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim).movedim(0, 1)  # [heads, kept, dim]
+        output = q.new_empty((q.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        req_to_token = self.req_to_token_pool.req_to_token
+        start = 0
+        seq_lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens
+        requests = zip(forward_batch.req_pool_indices.tolist(), seq_lens.tolist(), view.query_counts)
+        for row, seq_len, count in requests:
+            if count:
+                slots = req_to_token[row, :seq_len].long()
+                out = blend_extend_attention(
+                    query[:, start:start + count], k_cache.index_select(0, slots).movedim(0, 1),
+                    v_cache.index_select(0, slots).movedim(0, 1), view.query_positions[start:start + count],
+                    scale=layer.scaling)
+                output[start:start + count] = out.movedim(0, 1)
+            start += count
+        return output.view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         window = layer.sliding_window_size

@@ -1,0 +1,507 @@
+"""ASKS blend: a request keeps every word, and reuses the KV its group computed after another opening.
+
+Shape. A request of substitution group ``g`` (``custom_params["rksc_asks"]["group"]``) leaves
+the cached path at position ``x`` (its own opening, a role, a document order). Its later tokens
+may exist in the radix tree below an *anchor* of ``g``: the end of a prefill-only commit of the
+group (``paraphrase_fork``'s opener commits, ``share_chunks``' head commit), under which a
+sibling of the group computed the same text after its own opening. Blend reuses that KV:
+
+* **where** (``find_segments``, read-only, at the forward): from ``x`` to the request's last
+  ``fresh_tail`` tokens (always computed: the question, the assistant header), each position
+  looks for the longest run of the request's tokens continuing below one of ``g``'s anchors,
+  through nodes that ``g``'s own requests computed (``MARK_ATTR``); a run of at least
+  ``MIN_SEGMENT`` tokens is a *segment* ``(start, donor slots, delta)``, ``delta`` being the
+  request's position minus the donor's. Tokens no segment covers are computed as usual.
+* **what is copied** (``_write_donor_kv``): V as is; K re-rotated by ``delta``. SGLang stores K
+  after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one rotation by ``delta`` moves a
+  donor key to the request's position (``rerotate``; models whose rotary table is not a pure
+  rotation are refused).
+* **what is recomputed** (``select``): a share ``r`` of the reused tokens (``--asks-recompute``,
+  per request ``AsksOptions.recompute``), chosen by ``deviation`` (CacheBlend: the first
+  ``CHECK_LAYERS`` layers run for every token, then the reused tokens whose layer-2 value vectors
+  differ most from the donor's are kept) or ``leading`` (EPIC: the first ``ceil(r * len)`` tokens
+  of each segment, from layer 1). From then on the forward (``blend_forward``, an AROUND hook on
+  the model's forward) carries only the kept rows: the others' KV is the donor's, written into the
+  request's own slots, and the attention backend (``radix_ext.cpu_attention``, ``BlendView``)
+  lets each kept row attend to its whole row of the KV pool up to its own position.
+
+At ``r = 1`` nothing is reduced and the forward is SGLang's layer loop: the request's tokens and
+KV are exactly exact's. Below 1, the request's KV is approximate, so it never enters the tree
+(``req.skip_radix_cache_insert``): its slots are freed when it finishes, and no other request,
+of its group or not, ever matches them. Every blended request reports what it reused and
+recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks``) and the counters feed ``/metrics``.
+
+A batch that also carries a CGEE verification row, a chunked prefill, a model or attention backend
+this does not cover, or page size > 1: the request computes every token (``outcome`` says why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from rksc_sgl.protocol import AsksOptions
+
+logger = logging.getLogger(__name__)
+
+MARK_ATTR = "rksc_blend_group"  # on a TreeNode: the group whose request computed it
+ANCHOR_ATTR = "rksc_blend_anchor"  # on a TreeNode: (group, end position) of a commit that ended there
+MEMBER_ATTR = "rksc_blend_member"  # on a Req: its group (it marks the nodes it computes)
+OPTIONS_ATTR = "rksc_blend_options"  # on a Req that may blend: its AsksOptions
+DECISION_ATTR = "rksc_blend_decision"  # on a Req: its BlendDecision (reported by radix_ext.asks)
+VIEW_ATTR = "rksc_blend_view"  # on a ForwardBatch during the reduced layers: its BlendView
+MIN_SEGMENT = 8  # a shorter run below an anchor is a coincidence of common tokens, not a text
+CHECK_LAYERS = 2  # deviation selection: layers computed for every token before choosing
+SELECTORS = ("deviation", "leading")
+
+# rid -> Req of every live request that may blend (registered at creation, read at its prefill).
+_members: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
+@dataclasses.dataclass
+class BlendDecision:
+    """What blend did to one request (its ``meta_info["rksc_asks"]`` entry)."""
+
+    outcome: str  # blended | no-donor | full:<why> | skipped:<why>
+    recompute: float
+    selector: str
+    prompt_tokens: int = 0
+    segments: int = 0
+    reused_tokens: int = 0  # KV taken from a donor and not recomputed
+    recomputed_tokens: int = 0  # covered by a donor, recomputed anyway (selected)
+    counted: bool = False
+
+    adopted = False  # the adopt-mode interface of radix_ext.asks._report
+    span_start = None
+
+    def report(self) -> dict[str, Any]:
+        return {"mode": "blend", "outcome": self.outcome, "recompute": self.recompute, "select": self.selector,
+                "prompt_tokens": self.prompt_tokens, "segments": self.segments,
+                "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens}
+
+
+@dataclasses.dataclass
+class BlendCounters:
+    requests: int = 0
+    blended: int = 0
+    no_donor: int = 0
+    full: int = 0  # had donors, computed every token (unsupported batch or model)
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+    seconds: float = 0.0  # scheduler time spent planning and copying KV
+
+    def count(self, decision: BlendDecision) -> None:
+        self.requests += 1
+        if decision.outcome == "blended":
+            self.blended += 1
+        elif decision.outcome == "no-donor":
+            self.no_donor += 1
+        else:
+            self.full += 1
+        self.reused_tokens += decision.reused_tokens
+        self.recomputed_tokens += decision.recomputed_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class BlendSettings:
+    recompute: float
+    selector: str
+    fresh_tail: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    start: int  # request position of the segment's first token
+    donor_slots: torch.Tensor  # [length] int64 KV-pool slots of the donor's tokens
+    delta: int  # request position - donor position
+
+    @property
+    def length(self) -> int:
+        return int(self.donor_slots.shape[0])
+
+
+# ---- the tree side: anchors, marks, segments --------------------------------------------------
+
+def register_member(req, options: AsksOptions) -> None:
+    """``req`` (a generating request of group ``options.group``) may blend at its prefill."""
+    setattr(req, OPTIONS_ATTR, options)
+    setattr(req, MEMBER_ATTR, options.group)
+    _members[req.rid] = req
+
+
+def register_commit(req, group: str) -> None:
+    """``req`` (a prefill-only commit of ``group``) leaves an anchor where it ends."""
+    setattr(req, MEMBER_ATTR, group)
+    setattr(req, ANCHOR_ATTR, group)
+
+
+def on_checkpoint(cache, req, own_start: int) -> None:
+    """After ``req``'s tokens went into the tree: mark the nodes it computed with its group, and
+    make a commit's last node an anchor of its group."""
+    group = getattr(req, MEMBER_ATTR, None)
+    if group is None:
+        return
+    node, path = req.last_node, []
+    while node is not None and node is not cache.root_node:
+        path.append(node)
+        node = node.parent
+    end = sum(len(n.key) for n in path)
+    if getattr(req, ANCHOR_ATTR, None) is not None and path:
+        anchors = cache.asks.anchors.setdefault(group, set())
+        if path[0] not in anchors:
+            anchors.add(path[0])
+            setattr(path[0], ANCHOR_ATTR, (group, end))
+    for n in path:
+        start = end - len(n.key)
+        if start < own_start:
+            break
+        if getattr(n, MARK_ATTR, None) is None:
+            setattr(n, MARK_ATTR, group)
+        end = start
+
+
+def on_delete(cache, node) -> None:
+    anchor = getattr(node, ANCHOR_ATTR, None)
+    if anchor is not None and cache.asks is not None:
+        cache.asks.anchors.get(anchor[0], set()).discard(node)
+
+
+def on_split(child, new_node) -> None:
+    """The upper part of a split node was computed by the same request: it keeps the mark (the
+    anchor stays on the lower part, which still ends where the commit ended)."""
+    mark = getattr(child, MARK_ATTR, None)
+    if mark is not None:
+        setattr(new_node, MARK_ATTR, mark)
+
+
+def _continuation(child, key, pos: int, limit: int, group: str) -> tuple[int, list[torch.Tensor]]:
+    """How many of ``key[pos:limit]`` continue from ``child`` down through ``group``'s nodes, and
+    their KV slots."""
+    matched, parts, node = 0, [], child
+    while node is not None and pos < limit and getattr(node, MARK_ATTR, None) == group:
+        m = min(node.key.match_at(key, pos), limit - pos)
+        if m <= 0:
+            break
+        parts.append(node.value[:m])
+        matched, pos = matched + m, pos + m
+        if m < len(node.key) or pos >= limit:
+            break
+        node = node.children.get(key.child_key_at(pos))
+    return matched, parts
+
+
+def find_segments(anchors, key, start: int, limit: int, group: str) -> list[Segment]:
+    """The reusable runs of ``key[start:limit]`` below ``anchors`` (nodes of ``group``), greedy
+    from the left, longest first at each position."""
+    heads: dict[Any, list[tuple[int, Any]]] = {}
+    for anchor in anchors:
+        _group, end = getattr(anchor, ANCHOR_ATTR)
+        for child_key, child in anchor.children.items():
+            if getattr(child, MARK_ATTR, None) == group:
+                heads.setdefault(child_key, []).append((end, child))
+    segments, pos = [], start
+    while heads and pos + MIN_SEGMENT <= limit:
+        best = (0, None, None)
+        for end, child in heads.get(key.child_key_at(pos), ()):
+            matched, parts = _continuation(child, key, pos, limit, group)
+            if matched > best[0]:
+                best = (matched, parts, end)
+        matched, parts, donor_start = best
+        if matched >= MIN_SEGMENT:
+            segments.append(Segment(pos, torch.cat(parts).to(torch.int64), pos - donor_start))
+            pos += matched
+        else:
+            pos += 1
+    return segments
+
+
+# ---- selection (pure) ----------------------------------------------------------------------
+
+def select(segments: list[Segment], recompute: float, selector: str,
+           deviation: torch.Tensor | None = None) -> torch.Tensor:
+    """Which reused tokens to recompute: a bool mask over the segments' tokens, concatenated.
+    ``deviation``: [reused] float, per token (``selector == "deviation"``)."""
+    total = sum(s.length for s in segments)
+    keep = torch.zeros(total, dtype=torch.bool)
+    if recompute <= 0 or total == 0:
+        return keep
+    if recompute >= 1:
+        return ~keep
+    if selector == "leading":
+        offset = 0
+        for s in segments:
+            keep[offset: offset + math.ceil(recompute * s.length)] = True
+            offset += s.length
+        return keep
+    count = math.ceil(recompute * total)
+    keep[torch.topk(deviation.float(), count).indices] = True
+    return keep
+
+
+def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:
+    """Keys stored after RoPE at positions p, moved to p + delta: keys [n, heads, head_size],
+    deltas [n] int64, ``rotary`` the layer's RotaryEmbedding (a pure-rotation table)."""
+    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
+
+    cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
+    sin = torch.where(deltas[:, None] < 0, -sin, sin)
+    rot = rotary.rotary_dim
+    moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, rotary.is_neox_style).to(keys.dtype)
+    return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < keys.shape[-1] else moved
+
+
+def pure_rotation(rotary) -> bool:
+    """RoPE tables whose rows are rotations (cos^2 + sin^2 = 1) compose by adding positions;
+    scaled tables (YaRN's mscale) do not."""
+    table = getattr(rotary, "cos_sin_cache", None)
+    if table is None or not hasattr(rotary, "rotary_dim") or not hasattr(rotary, "is_neox_style"):
+        return False
+    cos, sin = table[:64].float().chunk(2, dim=-1)
+    return bool(torch.allclose(cos * cos + sin * sin, torch.ones_like(cos), atol=1e-4))
+
+
+# ---- the forward ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RowPlan:
+    req: Any
+    row: int  # batch row
+    offset: int  # its first flat token in the batch
+    prefix_len: int  # x: its first computed position
+    extend_len: int
+    segments: list[Segment]
+    decision: BlendDecision
+
+    def reused_rows(self) -> torch.Tensor:
+        """[reused] flat batch indices of the segments' tokens, in segment order."""
+        return torch.cat([torch.arange(s.length) + self.offset + s.start - self.prefix_len for s in self.segments])
+
+    def reused_deltas(self) -> torch.Tensor:
+        return torch.cat([torch.full((s.length,), s.delta, dtype=torch.int64) for s in self.segments])
+
+    def donor_slots(self) -> torch.Tensor:
+        return torch.cat([s.donor_slots for s in self.segments])
+
+
+@dataclasses.dataclass(frozen=True)
+class BlendView:
+    """The kept rows of a reduced EXTEND batch, for the attention backend.
+
+    ``out_cache_loc``: [kept] the KV slots the kept rows write; ``query_counts``: per batch row,
+    how many of its rows are kept; ``query_positions``: [kept] each kept row's position in its
+    request (its keys are that request's row of the pool up to and including it)."""
+
+    out_cache_loc: torch.Tensor
+    query_counts: list[int]
+    query_positions: torch.Tensor
+
+
+def plan_batch(forward_batch, state) -> list[RowPlan]:
+    """The rows of an EXTEND batch that blend, with their segments (read-only on the tree)."""
+    if not _members:
+        return []
+    cache = state.cache
+    plans, offset = [], 0
+    for row, (rid, prefix_len, extend_len) in enumerate(zip(
+            forward_batch.rids, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
+        req = _members.pop(rid, None)
+        if req is not None:
+            plan = _plan_row(req, row, offset, prefix_len, extend_len, cache, state)
+            if plan is not None:
+                plans.append(plan)
+        offset += extend_len
+    return plans
+
+
+def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan | None:
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    options: AsksOptions = getattr(req, OPTIONS_ATTR)
+    settings: BlendSettings = state.blend
+    recompute = settings.recompute if options.recompute is None else float(options.recompute)
+    ids = req.origin_input_ids
+    decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids))
+    setattr(req, DECISION_ATTR, decision)
+    if prefix_len + extend_len != len(ids) or req.output_ids:
+        decision.outcome = "skipped:chunked"  # its prefill spans several forwards: no plan
+    elif cache.page_size != 1:
+        decision.outcome = "skipped:page-size"
+    if decision.outcome != "no-donor":
+        state.blend_counters.count(decision)
+        return None
+    anchors = state.anchors.get(options.group, ())
+    key = RadixKey(token_ids=ids, extra_key=req.extra_key, cache_salt=req.cache_salt)
+    segments = find_segments(anchors, key, prefix_len, len(ids) - settings.fresh_tail, options.group) \
+        if anchors else []
+    if not segments:
+        state.blend_counters.count(decision)
+        return None
+    decision.segments = len(segments)
+    return RowPlan(req, row, offset, prefix_len, extend_len, segments, decision)
+
+
+def _supported(model, forward_batch, extra_args, kwargs) -> str | None:
+    """Why this batch cannot be reduced (None: it can)."""
+    from radix_ext import early_exit, exit_requests
+    from radix_ext.cpu_attention import RkscCpuAttnBackend
+
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    stack = model.model
+    if not isinstance(get_attn_backend(), RkscCpuAttnBackend) or get_attn_backend().use_sliding_window_kv_pool:
+        return "attention-backend"
+    if exit_requests.any_flagged() and any(p is not None for p in exit_requests.rows_of(forward_batch.rids)):
+        return "verification-batch"
+    if (extra_args or any(kwargs.get(k) not in (None, False) for k in kwargs)
+            or type(stack).forward not in early_exit._stack_forwards()
+            or not (stack.pp_group.is_first_rank and stack.pp_group.is_last_rank)
+            or stack.layers_to_capture or model.capture_aux_hidden_states):
+        return "model"
+    if getattr(forward_batch, "return_logprob", False) and any(
+            start < length for start, length in zip(forward_batch.extend_logprob_start_lens_cpu or (),
+                                                    forward_batch.extend_seq_lens_cpu)):
+        return "input-logprobs"
+    rotary = getattr(stack.layers[stack.start_layer].self_attn, "rotary_emb", None)
+    if rotary is None or not pure_rotation(rotary):
+        return "rotary"
+    return None
+
+
+def around_forward(original, model, input_ids, positions, forward_batch, *args, **kwargs):
+    """The AROUND hook on the model's forward: blend the batch's planned rows, else SGLang's."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    state = _live[0] if _live else None
+    if (state is None or not _members or forward_batch.forward_mode != ForwardMode.EXTEND
+            or not forward_batch.rids):
+        return original(model, input_ids, positions, forward_batch, *args, **kwargs)
+    started = time.perf_counter()
+    plans = plan_batch(forward_batch, state)
+    why = _supported(model, forward_batch, args, kwargs) if plans else None
+    if why is not None:
+        for plan in plans:
+            plan.decision.outcome = f"full:{why}"
+            state.blend_counters.count(plan.decision)
+        plans = []
+    state.blend_counters.seconds += time.perf_counter() - started
+    if not plans:
+        return original(model, input_ids, positions, forward_batch, *args, **kwargs)
+    return blend_forward(model, input_ids, positions, forward_batch, plans, state)
+
+
+@torch.no_grad()
+def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPlan], state):
+    """``LlamaModel.forward`` + ``LlamaForCausalLM.forward`` (sglang 0.5.23; Qwen2's the same but
+    for ``skip_empty``) whose layers after the selection carry only the kept rows."""
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    from radix_ext.early_exit import _stack_forwards
+
+    stack = model.model
+    layers = list(range(stack.start_layer, stack.end_layer))
+    selector = state.blend.selector
+    full_layers = min(CHECK_LAYERS, len(layers)) if selector == "deviation" else 0
+    hidden = stack.embed_tokens(input_ids)
+    residual_batch.start(forward_batch)
+    for i in layers[:full_layers]:
+        hidden = stack.layers[i](positions, hidden, forward_batch)
+    started = time.perf_counter()
+    pool = get_attn_backend().token_to_kv_pool
+    num_tokens = int(input_ids.shape[0])
+    keep = torch.ones(num_tokens, dtype=torch.bool)
+    skipped_rows, skipped_donors, skipped_deltas = [], [], []
+    for plan in plans:
+        rows, donors = plan.reused_rows(), plan.donor_slots()
+        deviation = None
+        if selector == "deviation":
+            values = pool.get_value_buffer(stack.layers[layers[full_layers - 1]].self_attn.attn.layer_id)
+            own = forward_batch.out_cache_loc[rows].long()
+            deviation = (values[own].float() - values[donors].float()).flatten(1).norm(dim=1)
+        chosen = select(plan.segments, plan.decision.recompute, selector, deviation)
+        plan.decision.outcome = "blended"
+        plan.decision.recomputed_tokens = int(chosen.sum())
+        plan.decision.reused_tokens = int((~chosen).sum())
+        keep[rows[~chosen]] = False
+        skipped_rows.append(rows[~chosen])
+        skipped_donors.append(donors[~chosen])
+        skipped_deltas.append(plan.reused_deltas()[~chosen])
+        if plan.decision.reused_tokens:
+            plan.req.skip_radix_cache_insert = True  # approximate KV never enters the tree
+        state.blend_counters.count(plan.decision)
+    if bool(keep.all()):  # everything recomputed (r = 1): SGLang's loop, exact
+        state.blend_counters.seconds += time.perf_counter() - started
+        for i in layers[full_layers:]:
+            hidden = stack.layers[i](positions, hidden, forward_batch)
+        return _finish(model, input_ids, hidden, forward_batch, stack)
+    rows = torch.cat(skipped_rows)
+    _write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
+                    torch.cat(skipped_donors), torch.cat(skipped_deltas))
+    kept = keep.nonzero().squeeze(1)
+    view = _view(forward_batch, keep, kept, positions)
+    state.blend_counters.seconds += time.perf_counter() - started
+    if full_layers:  # the full state so far, restarted as the input of the kept rows
+        hidden = residual_batch.snapshot(hidden, forward_batch)
+        residual_batch.clear(forward_batch)
+        residual_batch.start(forward_batch)
+    hidden = hidden[kept]
+    kept_positions = positions[kept]
+    setattr(forward_batch, VIEW_ATTR, view)
+    try:
+        for i in layers[full_layers:]:
+            hidden = stack.layers[i](kept_positions, hidden, forward_batch)
+        norm_kwargs = _stack_forwards()[type(stack).forward]
+        hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)
+    finally:
+        setattr(forward_batch, VIEW_ATTR, None)
+    full = hidden.new_zeros(num_tokens, hidden.shape[1])
+    full[kept] = hidden  # the rows the logits processor reads (each request's last) are kept
+    return model.logits_processor(input_ids, full, model.lm_head, forward_batch)
+
+
+def _finish(model, input_ids, hidden, forward_batch, stack):
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
+
+    from radix_ext.early_exit import _stack_forwards
+
+    norm_kwargs = _stack_forwards()[type(stack).forward]
+    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)
+    return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
+
+
+def _view(forward_batch, keep: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor) -> BlendView:
+    counts, offset = [], 0
+    for length in forward_batch.extend_seq_lens_cpu:
+        counts.append(int(keep[offset: offset + length].sum()))
+        offset += length
+    return BlendView(forward_batch.out_cache_loc[kept], counts, positions[kept].long())
+
+
+def _write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: torch.Tensor,
+                    deltas: torch.Tensor) -> None:
+    """For each layer still to run: the donors' V, and their K re-rotated by ``deltas``, into the
+    request's own slots ``own`` (which the reduced layers never write)."""
+    for i in layers:
+        layer_id = stack.layers[i].self_attn.attn.layer_id
+        rotary = stack.layers[i].self_attn.rotary_emb
+        k_buffer, v_buffer = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
+        k_buffer.index_copy_(0, own, rerotate(k_buffer.index_select(0, donors), deltas, rotary))
+        v_buffer.index_copy_(0, own, v_buffer.index_select(0, donors))
+
+
+_live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)
+
+
+def install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from radix_ext.early_exit import TARGETS
+
+    for target in TARGETS:
+        HookRegistry.register(target, around_forward, HookType.AROUND)

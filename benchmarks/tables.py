@@ -278,7 +278,7 @@ def blend_table(rows: list[dict]) -> list[str]:
     exact = {r["dataset"]: r for r in rows if r["mode"] == "exact"}
     out = ["", "Against `exact`, branch by branch on the same problems and seeds (`exact-reseed`: exact under "
            "another seed base, the two-seed floor; `asks-blend@R`: every request asks blend to recompute share R; "
-           "prefill computed = prompt - cached - blend's reused tokens not recomputed; the accuracy interval is "
+           "prefill computed = prompt - cached - blend's reused tokens (served from a donor, not recomputed); the accuracy interval is "
            "exact's 95% Wilson interval):", "",
            "| dataset | mode | ASKS mode | recompute asked | wall x exact | prefill computed x exact "
            "| reused / recomputed tokens | first-token KL median (p90) | identical outputs | ROUGE-L vs exact "

@@ -49,11 +49,11 @@ def test_percentile_interpolates_between_ranks():
 
 
 class TestBlendWork:
-    def test_only_blended_reuse_not_recomputed_is_left_uncomputed(self):
-        results = run([branch(asks={"mode": "blend", "outcome": "blended", "reused_tokens": 100, "recomputed_tokens": 15}),
-                       branch(asks={"mode": "adopt", "outcome": "adopted", "adopted": True, "reused_tokens": 50})])
+    def test_only_blends_reused_tokens_are_left_uncomputed_adoptions_are_cached_already(self):
+        results = run([branch(asks={"mode": "blend", "outcome": "blended", "reused_tokens": 85, "recomputed_tokens": 15}),
+                       branch(asks={"adopted": True, "outcome": "adopted", "reused_tokens": 50})])
         work = blend_work(results)
-        assert work["asks_reused_tokens"] == 150 and work["asks_recomputed_tokens"] == 15
+        assert work["asks_reused_tokens"] == 135 and work["asks_recomputed_tokens"] == 15
         assert work["asks_blend_uncomputed_tokens"] == 85
         assert work["asks_outcomes"] == {"blended": 1, "adopted": 1}
         assert computed_prefill(1000, work["asks_blend_uncomputed_tokens"]) == 915

@@ -292,8 +292,10 @@ def build_rows(args, results, meta) -> list[dict]:
                 "cgee_verify_time_ratio": run.stats.get("cgee_verify_time_ratio"),
                 "cgee_thresholds": run.stats.get("cgee_thresholds"),
                 **{k: v for k, v in run.stats.items() if k.startswith("asks_")},
+                # Adoption's own measures, over the branches that took a sibling's wording.
                 **(substitution_quality(run.details, exact_run.details)
-                   if "asks" in mode.mechanisms and run.details is not None and exact_run is not None else {}),
+                   if mode.effective_asks_mode == "adopt" and run.details is not None and exact_run is not None
+                   else {}),
                 **blend_columns(args, mode, r, by_mode),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
                 "max_total_tokens": r["max_total_tokens"], "pool_tokens": r["pool"]["total"],

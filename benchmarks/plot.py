@@ -99,40 +99,49 @@ SWEEP_PANELS = (("first_token_kl_median", "median first-token KL vs exact (log; 
                 ("answer_agreement_vs_exact", "vote agrees with exact"))
 
 
+def _kl_floor(key: str, y: float) -> float:
+    return max(y, 1e-6) if "kl" in key else y  # a log axis: KL 0 drawn at 1e-6
+
+
 def plot_sweep(rows: list[dict], out: Path, caption: str) -> Path:
-    """Quality against speed-up over exact for every recompute share of the sweep, per dataset,
-    with the server-default blend (``asks-only``), adoption (``asks-adopt``), the two-seed floor
-    of vote agreement (``exact-reseed``) and the KL target as references."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    """Quality (columns: median first-token KL, vote agreement) against speed (rows: wall-time
+    speed-up over exact, and prefill computed relative to exact, which the machine's load does
+    not move) for every recompute share of the sweep, per dataset, with the server-default blend
+    (``asks-only``), adoption (``asks-adopt``), the two-seed floor of vote agreement
+    (``exact-reseed``) and the KL target as references."""
+    xs = (("speedup_vs_exact", "speed-up over exact (wall time)"),
+          ("prefill_computed_vs_exact", "prefill computed / exact's"))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9.5))
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         mine = [r for r in rows if r["dataset"] == dataset]
         sweep = sorted((r for r in mine if r["mode"].startswith(SWEEP_PREFIX)), key=lambda r: r["asks_recompute_asked"])
-        for ax, (key, _) in zip(axes, SWEEP_PANELS):
-            points = [(r["speedup_vs_exact"], r.get(key), r["asks_recompute_asked"]) for r in sweep
-                      if r.get("speedup_vs_exact") is not None and r.get(key) is not None]
-            if points:
-                line, = ax.plot([x for x, _, _ in points], [max(y, 1e-6) if "kl" in key else y for _, y, _ in points],
-                                marker="o", label=f"{dataset} blend sweep")
-                for x, y, share in points:
-                    ax.annotate(f"{share:g}", (x, max(y, 1e-6) if "kl" in key else y), fontsize=7, xytext=(3, 3),
-                                textcoords="offset points", color=line.get_color())
-            for mode, marker in (("asks-only", "*"), ("asks-adopt", "x")):
-                r = next((r for r in mine if r["mode"] == mode), None)
-                if r and r.get("speedup_vs_exact") is not None and r.get(key) is not None:
-                    ax.scatter([r["speedup_vs_exact"]], [max(r[key], 1e-6) if "kl" in key else r[key]], marker=marker,
-                               s=70, label=f"{dataset} {mode}")
-            floor = next((r.get(key) for r in mine if r["mode"] == "exact-reseed"), None)
-            if floor is not None and "kl" not in key:
-                ax.axhline(floor, linestyle=":", color="gray", linewidth=1)
-                ax.annotate(f"{dataset}: two-seed floor", (ax.get_xlim()[0], floor), fontsize=7, color="gray")
-    for ax, (key, title) in zip(axes, SWEEP_PANELS):
-        if "kl" in key:
-            ax.set_yscale("log")
-            ax.axhline(KL_TARGET, color="black", linewidth=0.8, linestyle="--")
-        ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("speed-up over exact (wall time)")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
+        floor = {key: next((r.get(key) for r in mine if r["mode"] == "exact-reseed"), None) for key, _ in SWEEP_PANELS}
+        for (xkey, _), row_axes in zip(xs, axes):
+            for ax, (key, _) in zip(row_axes, SWEEP_PANELS):
+                points = [(r[xkey], _kl_floor(key, r[key]), r["asks_recompute_asked"]) for r in sweep
+                          if r.get(xkey) is not None and r.get(key) is not None]
+                if points:
+                    line, = ax.plot([x for x, _, _ in points], [y for _, y, _ in points], marker="o",
+                                    label=f"{dataset} blend sweep")
+                    for x, y, share in points:
+                        ax.annotate(f"{share:g}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points",
+                                    color=line.get_color())
+                for mode, marker in (("asks-only", "*"), ("asks-adopt", "x")):
+                    r = next((r for r in mine if r["mode"] == mode), None)
+                    if r and r.get(xkey) is not None and r.get(key) is not None:
+                        ax.scatter([r[xkey]], [_kl_floor(key, r[key])], marker=marker, s=70, label=f"{dataset} {mode}")
+                if floor[key] is not None and "kl" not in key:
+                    ax.axhline(floor[key], linestyle=":", color="gray", linewidth=1,
+                               label=f"{dataset}: two seeds of exact")
+    for (xkey, xlabel), row_axes in zip(xs, axes):
+        for ax, (key, title) in zip(row_axes, SWEEP_PANELS):
+            if "kl" in key:
+                ax.set_yscale("log")
+                ax.axhline(KL_TARGET, color="black", linewidth=0.8, linestyle="--")
+            ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+            ax.set_xlabel(xlabel)
+            ax.set_title(title)
+            ax.legend(fontsize=7)
     fig.suptitle(caption + " (labels: recompute share)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

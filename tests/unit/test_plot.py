@@ -52,7 +52,8 @@ def test_the_stop_rule_curve_is_drawn_from_its_json_file(tmp_path):
 
 def test_a_recompute_sweep_gets_its_quality_against_speed_figure(tmp_path):
     rows = [{**row("1", "coqa", mode, 1.0, 0.3), "workload": "role-sc", "speedup_vs_exact": speed,
-             "first_token_kl_median": kl, "answer_agreement_vs_exact": agree, "asks_recompute_asked": share}
+             "first_token_kl_median": kl, "answer_agreement_vs_exact": agree, "asks_recompute_asked": share,
+             "prefill_computed_vs_exact": speed and 1 / speed}
             for mode, speed, kl, agree, share in (
                 ("exact", 1.0, None, 1.0, None), ("exact-reseed", 1.0, 0.0, 0.7, None),
                 ("asks-only", 2.1, 0.01, 0.8, None), ("asks-adopt", 1.1, 0.0, 0.9, None),

@@ -278,10 +278,10 @@ def blend_table(rows: list[dict]) -> list[str]:
     exact = {r["dataset"]: r for r in rows if r["mode"] == "exact"}
     out = ["", "Against `exact`, branch by branch on the same problems and seeds (`exact-reseed`: exact under "
            "another seed base, the two-seed floor; `asks-blend@R`: every request asks blend to recompute share R; "
-           "prefill computed = prompt - cached - blend's reused tokens (served from a donor, not recomputed); the accuracy interval is "
+           "prefill computed = prompt - cached - blend's reused tokens (served from a donor, not recomputed), summed over the repeats; quality from the last repeat; the accuracy interval is "
            "exact's 95% Wilson interval):", "",
            "| dataset | mode | ASKS mode | recompute asked | wall x exact | prefill computed x exact "
-           "| reused / recomputed tokens | first-token KL median (p90) | identical outputs | ROUGE-L vs exact "
+           "| reused / recomputed tokens (last repeat) | first-token KL median (p90) | identical outputs | ROUGE-L vs exact "
            "| vote agrees (two-seed floor) | accuracy (exact's 95% CI) | outcomes |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:

@@ -105,6 +105,23 @@ BAD: list[tuple[str, object, str]] = [
     # An answer pattern is compiled and matched in the scheduler loop: its length is bounded.
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
         "rksc_group_policy": {"answer_pattern": "a" * 513, "rule": "beta"}}}}, "answer_pattern must be at most 512"),
+    # ... and so is the ordered list of patterns, each of them, and the normalisation.
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"] * 9, "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": [], "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "a" * 513], "rule": "beta"}}}}, "answer_pattern[1] must be at most 512"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "("], "rule": "beta"}}}}, "answer_pattern[1] is not a valid regex"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", None], "rule": "beta"}}}}, "answer_pattern[1] must be a non-empty"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": "a", "answer_normalize": "letter:", "rule": "beta"}}}},
+     "answer_normalize must be"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"], "answer_normalize": "roman", "rule": "beta"}}},
+     "answer_normalize must be"),
 ]
 
 

@@ -136,6 +136,23 @@ BAD: list[tuple[str, object, str]] = [
     ("/generate", {"text": [], "sampling_params": {"max_new_tokens": 2}}, "text is an empty list"),
     ("/generate", {"text": [], "sampling_params": [{"max_new_tokens": 2}]}, "text is an empty list"),
     ("/generate", {"sampling_params": [{"max_new_tokens": 2}]}, "text"),
+    # ... and so is the ordered list of patterns, each of them, and the normalisation.
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"] * 9, "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": [], "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "a" * 513], "rule": "beta"}}}}, "answer_pattern[1] must be at most 512"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "("], "rule": "beta"}}}}, "answer_pattern[1] is not a valid regex"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", None], "rule": "beta"}}}}, "answer_pattern[1] must be a non-empty"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": "a", "answer_normalize": "letter:", "rule": "beta"}}}},
+     "answer_normalize must be"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"], "answer_normalize": "roman", "rule": "beta"}}},
+     "answer_normalize must be"),
 ]
 
 

@@ -16,7 +16,8 @@ line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload
 summary table is printed last. The ASKS workloads (``paraphrase-sc``, ``role-sc``, ``multi-doc``)
 also compare every mode with ``exact`` branch by branch (``benchmarks.blend_quality``: first-token
 KL, identical outputs, ROUGE-L; ``exact-reseed`` is the two-seed floor) and count the prefill
-blend left uncomputed; ``--asks-recompute-sweep`` adds one blend mode per recompute share. With ``exact`` in the run, every stop rule of
+blend left uncomputed (``TokenCounters.blended_tokens``); ``--asks-recompute-sweep`` adds one blend
+mode per recompute share. With ``exact`` in the run, every stop rule of
 ``benchmarks.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
 ``<workload>_stop_curve.json``); ``adaptive`` rows compare the runtime's saving with the replay
 of their own rule. Stop thresholds are chosen on other problems: ``--calibration-offset 20``
@@ -209,9 +210,7 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
             pool = run.pool or backend.kv_pool()
             raw[name] = {"wall": wall, "run": run, "counters": counters, "reference": run.reference_tokens,
                          "evicted": pool["evicted_tokens"] - evicted_before, "pool": pool,
-                         "max_total_tokens": max_total_tokens,
-                         # blend's reused tokens left uncomputed (prefill = prompt - cached - these)
-                         "uncomputed": run.stats.get("asks_blend_uncomputed_tokens")}
+                         "max_total_tokens": max_total_tokens}
     finally:
         backend.shutdown()
     return raw
@@ -228,10 +227,8 @@ def run_all(args, data) -> tuple[dict[str, dict[str, dict]], list[list[str]]]:
         orders.append([m.name for m in order])
         for mode in order:
             for name, r in run_mode(mode, args, data).items():
-                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0,
-                                                           "uncomputed": []})
+                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0})
                 acc["walls"].append(r["wall"])
-                acc["uncomputed"].append(r.get("uncomputed"))
                 acc["counters"].append(r["counters"])
                 acc["references"].append(r["reference"])
                 acc["evicted"] += r["evicted"]
@@ -316,21 +313,19 @@ def build_rows(args, results, meta) -> list[dict]:
 
 def blend_columns(args, mode, r, by_mode) -> dict:
     """The ASKS workloads' columns (``benchmarks.blend_quality``): the recompute share the mode's
-    requests asked for, prefill really computed (summed over repeats, and against exact's), and
-    the mode's branches against exact's, same problems and seeds (from the last repeat)."""
-    from benchmarks.blend_quality import branch_quality, computed_prefill
+    requests asked for, prefill really computed (``TokenCounters.prefill_tokens``: prompt - cached
+    - blend's reused tokens; summed over repeats, and against exact's), and the mode's branches
+    against exact's, same problems and seeds (from the last repeat)."""
+    from benchmarks.blend_quality import branch_quality
 
     if not args.workload_obj.branch_quality:
         return {}
-    computed = sum(computed_prefill(c.prefill_tokens, u) for c, u in zip(r["counters"], r["uncomputed"]))
+    computed = sum(c.prefill_tokens for c in r["counters"])
     exact = by_mode.get("exact")
-    exact_computed = (sum(computed_prefill(c.prefill_tokens, u) for c, u in zip(exact["counters"], exact["uncomputed"]))
-                      if exact else None)
+    exact_computed = sum(c.prefill_tokens for c in exact["counters"]) if exact else None
     out = {"asks_mode": mode.effective_asks_mode, "asks_recompute_asked": mode.recompute,
            "seed_offset": mode.seed_offset or None,
-           "prefill_tokens_computed": computed,
-           "prefill_tokens_computed_per_repeat": [computed_prefill(c.prefill_tokens, u)
-                                                  for c, u in zip(r["counters"], r["uncomputed"])],
+           "prefill_tokens_computed": computed, "blended_tokens": sum(c.blended_tokens for c in r["counters"]),
            "prefill_computed_vs_exact": st.ratio(computed, exact_computed)}
     if exact is not None and mode.name != "exact" and r["run"].details is not None:
         out.update(branch_quality(r["run"].details, exact["run"].details))

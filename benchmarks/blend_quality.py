@@ -15,12 +15,12 @@ The run-level columns (vote agreement, accuracy and its interval, wall time) are
 
 Work: a blended branch reports in ``meta_info["rksc_asks"][0]`` (``radix_ext.asks_blend``) the
 tokens whose KV it took from a donor and did not recompute (``reused_tokens``) and those a donor
-covered that it recomputed anyway (``recomputed_tokens``). Blend's reuse is not in SGLang's
-``cached_tokens`` (the request's prefix match ends at its opening), so the prefill it really
-computed is ``prompt - cached - reused`` (``computed_prefill``; under ``deviation`` selection the
-reused tokens still run the first ``CHECK_LAYERS`` = 2 of 30 layers, which this does not count).
-Adoption's reuse is in ``cached_tokens`` already; rows without a blend report count
-``prompt - cached``, as before.
+covered that it recomputed anyway (``recomputed_tokens``); ``blend_work`` sums them per run.
+Blend's reuse is not in SGLang's ``cached_tokens``; the frontend's ``TokenCounters`` subtracts it
+(``blended_tokens``), so a row's ``prefill_tokens`` is what was really computed: ``prompt -
+cached - reused`` (under ``deviation`` selection the reused tokens still run the first
+``CHECK_LAYERS`` = 2 of 30 layers, which this does not count). Adoption's reuse is in
+``cached_tokens`` already.
 """
 
 from __future__ import annotations
@@ -72,21 +72,11 @@ def branch_quality(results, exact_results) -> dict[str, Any]:
 
 def blend_work(results) -> dict[str, Any]:
     """What the branches' ASKS reports say: tokens reused (served from a donor, not recomputed) and
-    recomputed, the blended branches' reused tokens (left uncomputed), and how many branches had
-    each outcome; None where no branch reported (ASKS off)."""
+    recomputed, and how many branches had each outcome; None where no branch reported (ASKS off)."""
     reports = [b.asks for r in results for b in r.branches if b.asks]
     if not reports:
-        return {"asks_reused_tokens": None, "asks_recomputed_tokens": None, "asks_blend_uncomputed_tokens": None,
-                "asks_outcomes": None}
+        return {"asks_reused_tokens": None, "asks_recomputed_tokens": None, "asks_outcomes": None}
     return {"asks_reused_tokens": sum(int(x.get("reused_tokens") or 0) for x in reports),
             "asks_recomputed_tokens": sum(int(x.get("recomputed_tokens") or 0) for x in reports),
-            "asks_blend_uncomputed_tokens": sum(int(x.get("reused_tokens") or 0) for x in reports
-                                                if x.get("mode") == "blend"),
             "asks_outcomes": dict(collections.Counter(str(x.get("outcome", "adopted" if x.get("adopted") else "none"))
                                                       for x in reports))}
-
-
-def computed_prefill(prefill_tokens: int, uncomputed_tokens: int | None) -> int:
-    """Prefill tokens really computed: ``prompt - cached`` less blend's reused tokens (not in
-    SGLang's ``cached_tokens``; adoption's reuse is, and is not counted here)."""
-    return prefill_tokens - (uncomputed_tokens or 0)

@@ -5,7 +5,8 @@ would have sampled only the first ``replay(rule, answers)`` of them, so its savi
 are known without running it: ``replay_rule``. The runtime's group stop launches every branch at
 once and keeps those that finish first: ``replay_group_stop`` replays it with each branch's
 completion tokens as its finishing step (``rksc_sgl.adaptive.replay_concurrent``), deciding on
-the answers as the scheduler reads them (the policy's one pattern, not the program's extractor).
+the answers as the scheduler reads them (the policy's patterns: the program's extractor's,
+``benchmarks.workloads.policy_answer``).
 
 Trace-confidence stopping (DeepConf online) replays too, on top of either: each ``exact`` branch
 records where its window confidence reached new lows (``programs.sc.Branch.conf_minima``), so a
@@ -64,7 +65,7 @@ def replay_group_stop(rule: StopRule, branch_answers: Sequence[Sequence[Hashable
     """``replay_rule`` for the runtime's group stop: every branch launched at once, the vote read
     after each step over the branches that finished, the others stopped one token after it is
     decided. The rule decides on ``branch_read`` (the answers as the scheduler reads them, with
-    the policy's pattern) where given; the vote compared with the full vote is ``branch_answers``'."""
+    the policy's patterns) where given; the vote compared with the full vote is ``branch_answers``'."""
     read = branch_answers if branch_read is None else branch_read
     outcomes = [replay_concurrent(rule, r, t) for r, t in zip(read, branch_tokens)]
     return _sampled(rule, branch_answers, branch_tokens, outcomes)

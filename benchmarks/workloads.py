@@ -73,9 +73,10 @@ class WorkloadRun:
     # Per problem, per branch: where its trace confidence reached new lows (``programs.sc``), so
     # trace stops replay offline on this run; empty where the workload does not record them.
     branch_conf_minima: list[list[list]] = dataclasses.field(default_factory=list)
-    # Per problem, per branch: its answer as the scheduler's group policy reads it (the last match
-    # of the dataset's answer pattern), which the replay of the group stop decides on; the
-    # program's extractor (``branch_answers``) finds an answer in more texts.
+    # Per problem, per branch: its answer as the scheduler's group policy reads it (the program's
+    # extractor's ordered patterns and normalisation, matched by ``read_answer`` under the
+    # scheduler's timeout), which the replay of the group stop decides on; equal to
+    # ``branch_answers`` unless a match timed out or the texts differ.
     branch_policy_answers: list[list[str | None]] = dataclasses.field(default_factory=list)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # cgee_*, asks_*, ...
     # Seconds spent on reference measurements that the mode itself would not run (the full-depth
@@ -110,9 +111,7 @@ def stop_rule(mode: Mode, settings: BenchSettings) -> StopRule | None:
 
 
 def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False) -> WorkloadRun:
-    from programs.datasets.answers import ANSWER_PATTERNS
     from programs.sc import CONF_TOP_K, solve_batch
-    from rksc_sgl.stop_rules import read_answer
 
     # Every mode asks for the top-K log-probabilities (the same work in each), so that exact's
     # branches carry their trace confidence for the offline replay of trace stops.
@@ -126,9 +125,17 @@ def _run_sc(problems, backend, mode, settings, exemplars, diverse: bool = False)
                        branch_tokens=[[len(b.token_logprobs) for b in r.branches] for r in results],
                        branch_indices=[[b.index for b in r.branches] for r in results] if mode.group_stop else [],
                        branch_conf_minima=[[[list(m) for m in b.conf_minima] for b in r.branches] for r in results],
-                       branch_policy_answers=[
-                           [read_answer(ANSWER_PATTERNS["letter" if r.problem.choices else "number"], b.text)
-                            for b in r.branches] for r in results])
+                       branch_policy_answers=[[policy_answer(r.problem, b.text) for b in r.branches] for r in results])
+
+
+def policy_answer(problem, text: str) -> str | None:
+    """A branch's answer as the scheduler's group policy reads it: the patterns and normalisation
+    ``programs.sc`` sends (``extract_reading``), matched by ``read_answer`` with its timeout."""
+    from programs.datasets import extract_reading
+    from rksc_sgl.stop_rules import read_answer
+
+    patterns, normalize = extract_reading(problem)
+    return read_answer(patterns, text, normalize)
 
 
 def _run_diverse_sc(problems, backend, mode, settings, exemplars) -> WorkloadRun:

@@ -5,8 +5,9 @@ problems and seeds: ``exact`` (stock SGLang's radix cache, LRU) and ``rksc`` (AS
 Each runs
 
 * paraphrase self-consistency (``programs.paraphrase_sc``): every branch opens with its own
-  wording of the system message, so exact caching recomputes each branch's prompt; ASKS lets a
-  branch adopt branch 0's wording when the gate finds the two alike, and reports each substitution;
+  wording of the system message, so exact caching recomputes each branch's prompt; ASKS blend lets
+  a branch keep its wording and reuse the KV of the shared tail computed after branch 0's, K
+  re-rotated and a selected share recomputed, and reports what it reused;
 * self-consistency as one ``n = 16`` request per MMLU-STEM problem (``programs.sc.
   solve_as_one_request``), all problems at once: ``exact`` samples every child; ``rksc`` carries a
   group policy (Adaptive-Consistency, ``beta:0.9``), so the scheduler stops a problem's remaining
@@ -230,13 +231,15 @@ def report(exact: dict, ours: dict, bon_rows: list[dict], verify_prefill: dict[s
     for label, mechanism, baseline, base_s, our_s, quality in rows:
         print(f"{label:36} {mechanism:10} {baseline:10} {base_s:7.1f} {our_s:7.1f} {base_s / our_s:7.2f}x  {quality}")
 
-    reports = [b.asks for b in branches(sc_o) if b.asks]
-    adopted = [x for x in reports if x.get("adopted")]
-    sigmas = [x["sigma"] for x in adopted]
-    print(f"\nASKS: {len(adopted)} of {len(branches(sc_o))} branches adopted branch 0's wording"
-          + (f" (sigma {min(sigmas):.2f}-{max(sigmas):.2f} >= tau {adopted[0]['tau']:.3f}), "
-             f"{sum(x.get('reused_tokens', 0) for x in adopted):,} prompt tokens served from its KV" if adopted else "")
-          + f"; prefill {sc_o.prefill_tokens:,} vs {sc_e.prefill_tokens:,} tokens")
+    reports = [b.asks for b in branches(sc_o) if b.asks and b.asks.get("outcome") == "blended"]
+    same = sum(a.text == b.text for a, b in zip(branches(sc_e), branches(sc_o)))
+    print(f"\nASKS (blend): {len(reports)} of {len(branches(sc_o))} branches kept their own wording and reused the KV "
+          f"of the shared tail computed after branch 0's"
+          + (f" ({sum(x['reused_tokens'] for x in reports):,} tokens' KV re-rotated and reused, "
+             f"{sum(x['recomputed_tokens'] for x in reports):,} recomputed, share {reports[0]['recompute']})"
+             if reports else "")
+          + f"; prefill {sc_o.prefill_tokens:,} vs {sc_e.prefill_tokens:,} tokens; "
+            f"branch texts identical to exact {fraction(same, len(branches(sc_e)))}")
     print(f"early stop: the scheduler stopped {sum(r.stopped for r in vote_o)} of {n_children} children once their "
           f"problem's vote was decided; completion tokens {tokens_o:,} vs {tokens_e:,}")
     if tot_e is not None:

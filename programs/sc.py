@@ -19,8 +19,7 @@ from collections.abc import Callable
 
 import sglang as sgl
 
-from programs.datasets import Problem, extract_answer, format_question
-from programs.datasets.answers import ANSWER_PATTERNS
+from programs.datasets import Problem, extract_answer, extract_reading, format_question
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.frontend import add_custom_params, branch_options
@@ -94,11 +93,13 @@ def branch_seed(seed: int, problem_index: int, branch: int, step: int = 0) -> in
 @sgl.function
 def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperature: float, seeds: list[int],
                openers: list[str] | None = None, rule: StopRule | None = None,
-               answer_of: Callable[[str], str | None] | None = None, answer_pattern: str | None = None,
+               answer_of: Callable[[str], str | None] | None = None,
+               answer_reading: tuple[tuple[str, ...], str] | None = None,
                conf_top_k: int = 0, trace_stop: float | None = None):
     """Branch ``b`` samples with ``seeds[b]``; with a stop ``rule``, branches run in rounds until the
-    rule is decided on ``answer_of(solution)`` of the branches so far, or, with ``answer_pattern``
-    (the regex ``answer_of`` reads), all at once with the runtime stopping the rest once decided.
+    rule is decided on ``answer_of(solution)`` of the branches so far, or, with ``answer_reading``
+    (the ordered patterns and normalisation ``answer_of`` reads with: ``extract_reading``), all at
+    once with the runtime stopping the rest once decided.
     ``conf_top_k``: also return each branch's trace-confidence minima (top ``conf_top_k``);
     ``trace_stop``: the runtime stops a branch whose window confidence falls below it."""
     s += sgl.system(SYSTEM_PROMPT)
@@ -118,8 +119,9 @@ def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperatu
         else:
             f += sgl.assistant(gen)
 
+    patterns, normalize = answer_reading or (None, None)
     forks = adaptive_fork(s, num_branches, rule, branch, lambda f: answer_of(f["solution"]) if answer_of else None,
-                          answer_pattern=answer_pattern)
+                          answer_pattern=patterns, answer_normalize=normalize)
     # Per finished branch: its whole text (the verifier's context), the solution, its token
     # log-probabilities, its index, its trace-confidence minima (when asked).
     return [(f.text(), f["solution"], token_logprobs(f, "solution"), b,
@@ -160,7 +162,7 @@ def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, fi
              seeds=[branch_seed(config.seed, first_index + i, b) for b in range(config.num_branches)],
              openers=branch_openers(config.num_branches) if diverse else None,
              rule=rule, answer_of=lambda text, p=p: extract_answer(p, text),
-             answer_pattern=ANSWER_PATTERNS["letter" if p.choices else "number"] if in_runtime else None,
+             answer_reading=extract_reading(p) if in_runtime else None,
              conf_top_k=conf_top_k, trace_stop=trace_stop)
         for i, p in enumerate(problems)
     ]
@@ -222,7 +224,8 @@ def solve_as_one_request(problems: list[Problem], config: SamplingConfig, backen
         params = {"n": config.num_branches, "max_new_tokens": config.max_new_tokens,
                   "temperature": config.temperature, "sampling_seed": branch_seed(config.seed, i, 0)}
         if rule is not None and rule.name != "none":
-            policy = {"answer_pattern": ANSWER_PATTERNS["letter" if problem.choices else "number"], "rule": rule.name,
+            patterns, normalize = extract_reading(problem)
+            policy = {"answer_pattern": list(patterns), "answer_normalize": normalize, "rule": rule.name,
                       "min_samples": rule.min_samples}
             policy |= {"window": rule.window} if rule.name == "esc" else {"confidence": rule.confidence}
             params["custom_params"] = {GROUP_POLICY_KEY: policy}

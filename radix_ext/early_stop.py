@@ -19,8 +19,9 @@ Hooks (installed by ``radix_ext.plugin``):
   SGLang in this step) feed its window; below the threshold, ``req.to_finish`` gets a stop
   finish reason, which SGLang applies at the next step exactly as it applies a scheduler abort
   (``update_finish_state``), so the KV is released by its normal path (the request decodes one
-  more token). A member that finished by itself (not aborted, not stopped) votes with the last
-  match of the policy's pattern in its text; the group's vote is read once per step, after
+  more token). A member that finished by itself (not aborted, not stopped) votes with what the
+  policy's answer patterns read in its text (in order, the first that gives an answer, its last
+  match, normalised: ``stop_rules.read_answer``); the group's vote is read once per step, after
   every member that finished in that step voted, and a decided vote stops the other members:
   running ones through ``to_finish``, queued ones popped and answered as SGLang answers an
   aborted queued request (empty text).
@@ -236,10 +237,11 @@ def _votes(req) -> bool:
 
 def _answer(req, group: groups.Group) -> str | None:
     tokenizer = getattr(req, "tokenizer", None)
-    if tokenizer is None or group.pattern is None:  # --skip-tokenizer-init: no text to vote on
+    if tokenizer is None or group.patterns is None:  # --skip-tokenizer-init: no text to vote on
         return None
     ids = req.output_ids[: req.finished_len] if req.finished_len is not None else req.output_ids
-    return stop_rules.read_answer(group.pattern, tokenizer.decode(list(ids), skip_special_tokens=True))
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return stop_rules.read_answer(group.patterns, text, group.policy.answer_normalize)
 
 
 def _group_report(tag: GroupTag, group: groups.Group, at_token: int) -> dict[str, Any]:

@@ -93,10 +93,15 @@ def _check_request(result, sampling_params, *args, **kwargs):
 
 # ---- scheduler side: the registry ----------------------------------------------------------
 
+def compile_patterns(policy: GroupPolicy | None) -> tuple[Any, ...] | None:
+    """A policy's answer patterns, compiled (``stop_rules.compile_pattern``, cached), in order."""
+    return None if policy is None else tuple(stop_rules.compile_pattern(p) for p in policy.patterns)
+
+
 @dataclasses.dataclass
 class Group:
     policy: GroupPolicy | None
-    pattern: Any  # the compiled answer pattern (``stop_rules.compile_pattern``)
+    patterns: tuple[Any, ...] | None  # the policy's answer patterns, compiled once, in order (``compile_patterns``)
     answers: dict[int, str | None] = dataclasses.field(default_factory=dict)  # index -> answer
     members: "weakref.WeakValueDictionary[int, Any]" = dataclasses.field(default_factory=weakref.WeakValueDictionary)
     size: int | None = None  # members in all, when known (the n of an n > 1 request)
@@ -142,12 +147,11 @@ class GroupRegistry:
         self.expire()
         group = self._groups.get(tag.id)
         if group is None:
-            pattern = stop_rules.compile_pattern(policy.answer_pattern) if policy is not None else None
-            group = self._groups[tag.id] = Group(policy, pattern)
+            group = self._groups[tag.id] = Group(policy, compile_patterns(policy))
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)
         elif group.policy is None and policy is not None:  # the first member may have had none
-            group.policy, group.pattern = policy, stop_rules.compile_pattern(policy.answer_pattern)
+            group.policy, group.patterns = policy, compile_patterns(policy)
         group.members[tag.index] = req
         group.size, group.arrived = size, group.arrived + 1
         self.touch(tag.id)

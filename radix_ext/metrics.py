@@ -10,6 +10,10 @@ decisions, early exit), so AFTER hooks on ``Scheduler.process_batch_result`` (ev
 * ``rksc_asks_decisions_total{outcome}``: adopted, gate (rejected), no_donor, no_span, skipped;
 * ``rksc_asks_reused_tokens_total``: prompt tokens served from a donor's KV;
 * ``rksc_asks_signature_bytes``: signature bytes the tree holds (gauge);
+* ``rksc_asks_blend_requests_total{outcome}``: blend's requests, ``blended``, ``no_donor`` or ``full``
+  (had donors, computed every token);
+* ``rksc_asks_blend_tokens_total{kind}``: tokens a donor covered, ``reused`` (its KV taken) or
+  ``recomputed`` (selected and computed anyway);
 * ``rksc_rsbcm_score_reports_total``: requests that reported a branch score;
 * ``rksc_evicted_tokens_total{node}``: evicted tokens, ``scored`` (RSBCM ranked them by a
   reported score) or ``unscored`` (plain recency);
@@ -49,6 +53,9 @@ class _Series:
         self.asks_reused = Counter("rksc_asks_reused_tokens", "Prompt tokens ASKS served from a donor's KV")
         self.asks_bytes = Gauge("rksc_asks_signature_bytes", "ASKS signature bytes held by the radix tree",
                                 multiprocess_mode="livesum")
+        self.blend_requests = Counter("rksc_asks_blend_requests", "ASKS blend requests by outcome", ["outcome"])
+        self.blend_tokens = Counter("rksc_asks_blend_tokens", "Tokens a blend donor covered, reused or recomputed",
+                                    ["kind"])
         self.score_reports = Counter("rksc_rsbcm_score_reports", "Requests that reported a branch score")
         self.evicted = Counter("rksc_evicted_tokens", "Evicted radix-tree tokens by node kind", ["node"])
         self.exit_rows = Counter("rksc_early_exit_rows", "CGEE verification rows by exit layer", ["exit_layer"])
@@ -80,6 +87,11 @@ def snapshot(cache) -> dict[tuple, float]:
                     for outcome, field in ASKS_OUTCOMES.items()})
         out[("asks_reused", "")] = float(counters.reused_tokens)
         out[("asks_bytes", "")] = float(counters.signature_bytes)
+        blend = asks.blend_counters
+        out.update({("blend_requests", outcome): float(getattr(blend, outcome))
+                    for outcome in ("blended", "no_donor", "full")})
+        out[("blend_tokens", "reused")] = float(blend.reused_tokens)
+        out[("blend_tokens", "recomputed")] = float(blend.recomputed_tokens)
     return out
 
 
@@ -90,7 +102,8 @@ def publish(scheduler) -> None:
         return
     if _series is None:
         _series = _Series()
-    labels = {"asks_decisions": "outcome", "evicted": "node", "exit_rows": "exit_layer"}
+    labels = {"asks_decisions": "outcome", "evicted": "node", "exit_rows": "exit_layer",
+              "blend_requests": "outcome", "blend_tokens": "kind"}
     for (name, label), total in snapshot(scheduler.tree_cache).items():
         metric = getattr(_series, name)
         if name == "asks_bytes":

@@ -13,7 +13,8 @@ radix cache is built, so registrations made here are visible where the cache is 
   series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.metrics``);
 * a refusal (HTTP 400, naming the field and its limit) of requests that would kill, stall or be
   misread by stock SGLang: empty prompts, out-of-range logprob fields, n beyond ``--max-n``
-  (``radix_ext.request_guards``);
+  (``radix_ext.request_guards``); malformed batch shapes and batches whose prompts x n exceed
+  ``--max-fanout`` (``radix_ext.batch_guards``);
 * an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.abort_children``);
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
@@ -55,6 +56,9 @@ def load() -> None:
     from radix_ext import request_guards  # requests that would kill, stall or be misread by SGLang
 
     request_guards.install(max_n=config.max_n)
+    from radix_ext import batch_guards  # malformed batch shapes; prompts x n beyond --max-fanout
+
+    batch_guards.install(max_fanout=config.max_fanout, max_n=config.max_n)
     from radix_ext import abort_children  # an abort of an n > 1 request reaches its samples
 
     abort_children.install()

@@ -9,8 +9,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import (abort_children, asks, early_exit, early_stop, exit_requests, groups, heap_trim,
-                           introspection, metrics, plugin, request_guards, sampler)
+    from radix_ext import (abort_children, asks, batch_guards, early_exit, early_stop, exit_requests, groups,
+                           heap_trim, introspection, metrics, plugin, request_guards, sampler)
 
     return {
         "plugin": (
@@ -24,6 +24,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             request_guards.SAMPLING_VERIFY_TARGET, request_guards.CONTRACT_TARGET,
             request_guards.COMPLETION_VALIDATE_TARGET, request_guards.MAX_QUEUED_SOURCE,
             request_guards.SAMPLING_FIELDS,
+            batch_guards.CHAT_VALIDATE_TARGET,
             abort_children.BATCH_TARGET, abort_children.ABORT_TARGET,
         ),
         "readback (KV pool, cache stats)": (introspection.TARGET, *introspection.EVICTION_TARGETS),

@@ -73,7 +73,11 @@ def cache_stats(cache) -> dict[str, Any]:
             stats["asks"] = {**dataclasses.asdict(cache.asks.counters), "capture_seconds": CAPTURE_SECONDS[0],
                              "live_signature_bytes": live_signature_bytes(cache),
                              "tau": cache.asks.gate.tau, "layers": list(cache.asks.gate.layers), "pooling": cache.asks.gate.pooling,
-                             "background": cache.asks.gate.background is not None}
+                             "background": cache.asks.gate.background is not None,
+                             "mode": cache.asks.mode,
+                             "blend": {**dataclasses.asdict(cache.asks.blend_counters),
+                                       **dataclasses.asdict(cache.asks.blend),
+                                       "anchors": sum(len(a) for a in cache.asks.anchors.values())}}
     return stats
 
 

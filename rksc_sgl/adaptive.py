@@ -14,7 +14,7 @@ sampling_seed=seeds[b])``) makes branch ``b`` draw the same sample whether it ra
 one full fork: the finished branches of an early-stopped run are the full run's first ones, and
 ``replay`` on a full run's answers gives where the rule stops.
 
-With an ``answer_pattern`` the rule runs in the runtime instead (``radix_ext.early_stop``): every
+With an ``answer_pattern`` (and ``answer_normalize``) the rule runs in the runtime instead (``radix_ext.early_stop``): every
 branch is launched at once, tagged with one fresh group and the rule as the group's policy; once
 the vote over the branches that finished is decided, the scheduler stops the others, which cost
 only the tokens they had decoded (one round, no program round trips). The branches that finish
@@ -102,13 +102,15 @@ class StopRule:
             return None
         return decide(self.name, answers, window=self.window, confidence=self.confidence, min_samples=self.min_samples)
 
-    def group_policy(self, answer_pattern: str) -> GroupPolicy | None:
+    def group_policy(self, answer_pattern: str | Sequence[str], answer_normalize: str | None = None) -> GroupPolicy | None:
         """The rule as the runtime's group policy (``rksc_group_policy``), votes read with
-        ``answer_pattern``; None for ``none``."""
+        ``answer_pattern`` (one regex, or an ordered list) and ``answer_normalize``; None for ``none``."""
         if self.name == "none":
             return None
-        return GroupPolicy(answer_pattern, self.name, window=self.window if self.name == "esc" else 3,
-                           confidence=self.confidence if self.name == "beta" else 0.95, min_samples=self.min_samples)
+        patterns = answer_pattern if isinstance(answer_pattern, str) else tuple(answer_pattern)
+        return GroupPolicy(patterns, self.name, window=self.window if self.name == "esc" else 3,
+                           confidence=self.confidence if self.name == "beta" else 0.95, min_samples=self.min_samples,
+                           answer_normalize=answer_normalize)
 
     def rounds(self, num_branches: int) -> list[range]:
         """The branch indices launched together, in order (``none``: all at once)."""
@@ -171,21 +173,24 @@ class AdaptiveForks:
 
 
 def adaptive_fork(s, num_branches: int, rule: StopRule | None, body: Callable[[Any, int], None],
-                  answer: Callable[[Any], Hashable | None], *, answer_pattern: str | None = None) -> AdaptiveForks:
+                  answer: Callable[[Any], Hashable | None], *, answer_pattern: str | Sequence[str] | None = None,
+                  answer_normalize: str | None = None) -> AdaptiveForks:
     """Fork ``s`` into at most ``num_branches`` branches until ``rule`` is decided (None: ``none``).
 
     ``body(fork, branch)`` adds branch ``branch``'s expressions to its fork, as after ``s.fork``;
     ``answer(fork)`` reads the branch's vote (it waits for the branch's generation). Each round's
     forks are joined once their answers are read; their text and variables stay readable.
 
-    ``answer_pattern`` (a regex whose last match, its group 1 if any, is a branch's vote, as
-    ``answer`` reads it): launch every branch at once and let the runtime stop the others once
-    the vote over the finished ones is decided (our server or engine). The result holds the
-    branches that finished by themselves, with their ``indices``; the stopped ones are counted.
+    ``answer_pattern`` (a regex, or an ordered list of them, and ``answer_normalize``: the
+    scheduler reads a branch's vote as ``rksc_sgl.stop_rules.read_answer`` does, which should be
+    as ``answer`` reads it; a program's extractor's are ``programs.datasets.answers.answer_reading``):
+    launch every branch at once and let the runtime stop the others once the vote over the
+    finished ones is decided (our server or engine). The result holds the branches that finished
+    by themselves, with their ``indices``; the stopped ones are counted.
     """
     rule = rule or StopRule()
     if answer_pattern is not None and rule.name != "none":
-        return _fork_in_runtime(s, num_branches, rule, body, answer, rule.group_policy(answer_pattern))
+        return _fork_in_runtime(s, num_branches, rule, body, answer, rule.group_policy(answer_pattern, answer_normalize))
     forks, answers, indices, stopped = [], [], [], 0
     for branches in rule.rounds(num_branches):
         group = s.fork(len(branches))

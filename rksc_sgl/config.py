@@ -65,6 +65,9 @@ class RkscConfig:
     # The most samples one request may ask for (sampling_params.n, OpenAI n): SGLang expands a
     # request into n queued children, so an unbounded n holds the queue (radix_ext.request_guards).
     max_n: int = 64
+    # The most generations one request may fan out to: prompts in a batch times n. SGLang queues
+    # them all at once, so an unbounded batch list holds the server (radix_ext.batch_guards).
+    max_fanout: int = 256
     asks_pooling: str = "last"  # a span's signature: "mean" over its tokens, or its "last" token's state
     # ASKS's mode (docs/asks.md). "blend" (radix_ext.asks_blend): a request keeps every word; the
     # KV of its tokens that its group computed after another opening is reused, K re-rotated to
@@ -88,6 +91,8 @@ class RkscConfig:
         _check_asks(self)
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"--max-n must be an int >= 1, got {self.max_n!r}")
+        if isinstance(self.max_fanout, bool) or not isinstance(self.max_fanout, int) or self.max_fanout < 1:
+            raise ValueError(f"--max-fanout must be an int >= 1, got {self.max_fanout!r}")
 
     @property
     def uses_backend(self) -> bool:

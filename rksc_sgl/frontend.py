@@ -43,7 +43,7 @@ from sglang.lang.chat_template import get_chat_template, get_chat_template_by_mo
 from sglang.lang.global_config import global_config
 from sglang.utils import http_request
 
-from rksc_sgl.protocol import KV_POOL_KEY, AsksOptions, BranchTag
+from rksc_sgl.protocol import ASKS_KEY, KV_POOL_KEY, AsksOptions, BranchTag
 
 _OPTIONS_ATTR = "_rksc_options"
 _PROGRAM_ATTR = "_rksc_program_key"
@@ -61,17 +61,21 @@ class TokenCounters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    blended_tokens: int = 0  # prompt tokens whose KV ASKS blend took from a donor, not recomputed
 
     @property
     def prefill_tokens(self) -> int:
-        """Prompt tokens whose KV had to be computed (not served from the radix cache)."""
-        return self.prompt_tokens - self.cached_tokens
+        """Prompt tokens whose KV had to be computed (not served from the radix cache or a blend donor)."""
+        return self.prompt_tokens - self.cached_tokens - self.blended_tokens
 
     def add(self, meta_info: dict[str, Any]) -> None:
         self.requests += 1
         self.prompt_tokens += meta_info.get("prompt_tokens", 0)
         self.cached_tokens += meta_info.get("cached_tokens", 0)
         self.completion_tokens += meta_info.get("completion_tokens", 0)
+        asks = (meta_info.get(ASKS_KEY) or [None])[0]
+        if isinstance(asks, dict) and asks.get("mode") == "blend":
+            self.blended_tokens += asks.get("reused_tokens", 0)
 
     def __add__(self, other: "TokenCounters") -> "TokenCounters":
         return TokenCounters(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
@@ -127,15 +131,8 @@ def paraphrase_fork(s, openers, tail: Any = "", *, group: str | None = None):
     one per program); pass one id to several programs of yours to let them share spans, never a
     name another client could guess. Returns the forks (SGLang's ``ProgramStateGroup``).
     """
-    openers = list(openers)
-    if not openers or not all(isinstance(o, str) and o for o in openers):
-        raise ValueError(f"paraphrase_fork: openers must be a non-empty list of non-empty strings, got {openers!r}")
-    executor = s.stream_executor
-    backend = executor.backend
-    if not isinstance(backend, RkscEndpoint):
-        raise TypeError(f"paraphrase_fork needs an rksc-sgl backend (RkscEndpoint or RkscEngineEndpoint), "
-                        f"got {type(backend).__name__}")
-    group = program_key(executor) if group is None else group
+    openers = _texts("paraphrase_fork", "openers", openers)
+    backend, group = _grouped_backend("paraphrase_fork", s, group)
     params = AsksOptions(group=group).to_custom_params()
     forks = s.fork(len(openers))
     head = s.text()
@@ -157,21 +154,30 @@ def share_chunks(s, chunks, *, group: str | None = None) -> str:
     request of the group (``add_custom_params(state, AsksOptions(group=...).to_custom_params())``)
     reuses each chunk's KV, re-rotated to where the chunk sits in it, recomputing a selected
     share. Returns the group (default: the program's routing key)."""
-    chunks = list(chunks)
-    if not chunks or not all(isinstance(c, str) and c for c in chunks):
-        raise ValueError(f"share_chunks: chunks must be a non-empty list of non-empty strings, got {chunks!r}")
-    executor = s.stream_executor
-    backend = executor.backend
-    if not isinstance(backend, RkscEndpoint):
-        raise TypeError(f"share_chunks needs an rksc-sgl backend (RkscEndpoint or RkscEngineEndpoint), "
-                        f"got {type(backend).__name__}")
-    group = program_key(executor) if group is None else group
+    chunks = _texts("share_chunks", "chunks", chunks)
+    backend, group = _grouped_backend("share_chunks", s, group)
     params = AsksOptions(group=group).to_custom_params()
     head = s.text()
     backend.prefill(head, custom_params=params)
     for chunk in dict.fromkeys(chunks):
         backend.prefill(head + chunk, custom_params=params)
     return group
+
+
+def _texts(primitive: str, name: str, texts) -> list[str]:
+    texts = list(texts)
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ValueError(f"{primitive}: {name} must be a non-empty list of non-empty strings, got {texts!r}")
+    return texts
+
+
+def _grouped_backend(primitive: str, s, group: str | None) -> tuple["RkscEndpoint", str]:
+    """The program's rksc-sgl backend and its substitution group (default: the routing key)."""
+    executor = s.stream_executor
+    if not isinstance(executor.backend, RkscEndpoint):
+        raise TypeError(f"{primitive} needs an rksc-sgl backend (RkscEndpoint or RkscEngineEndpoint), "
+                        f"got {type(executor.backend).__name__}")
+    return executor.backend, program_key(executor) if group is None else group
 
 
 def add_custom_params(state, entries: dict[str, Any]) -> None:

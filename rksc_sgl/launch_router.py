@@ -24,12 +24,19 @@ sglang-router is a separate program with its own dependencies: it runs from ``--
 front``, else this interpreter if it can import ``sglang_router``). On the CPU each worker gets
 ``RKSC_CPU_THREADS`` = cores / workers unless that is set. On GPUs: one worker per GPU (or per
 tensor-parallel group, ``--tp-size``), each its own ``launch_server``; see ``docs/serving.md``.
+
+Keys (``ClusterKeys``): SGLang's ``--api-key`` and ``--admin-api-key`` go to every worker; the router
+gets the user key as its ``--api-key`` (it then asks clients for it and uses it with the workers)
+and the admin key as its control-plane admin key (``/workers``, ``/flush_cache``); the launcher's
+own calls carry the key each needs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import importlib.util
 import os
 import signal
@@ -54,6 +61,33 @@ POLICIES = {
     "random": ["--policy", "random"],
     "power_of_two": ["--policy", "power_of_two"],
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterKeys:
+    """The workers' SGLang keys: ``api_key`` for generation, ``admin_api_key`` for admin routes."""
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+    @classmethod
+    def of(cls, worker_args: list[str]) -> "ClusterKeys":
+        from rksc_sgl.launch_server import flag_value
+
+        return cls(flag_value(worker_args, "api_key") or None, flag_value(worker_args, "admin_api_key") or None)
+
+    def router_args(self) -> list[str]:
+        """sglang-router's flags: the user key for clients and workers, the admin key for its control plane."""
+        args = ["--api-key", self.api_key] if self.api_key else []
+        if self.admin_api_key:
+            args += ["--control-plane-api-keys", f"rksc-admin:rksc-sgl admin:admin:{self.admin_api_key}"]
+        return args
+
+    def headers(self, admin: bool = False) -> dict[str, str]:
+        """What a request needs: the user key, or (``admin``) the admin key, else the user key
+        (SGLang's admin routes take it when no admin key is set)."""
+        key = (self.admin_api_key or self.api_key) if admin else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def router_python(explicit: str | None = None) -> str:
@@ -83,7 +117,7 @@ def all_registered(workers_payload: dict, worker_urls: list[str]) -> bool:
     return set(worker_urls) <= healthy
 
 
-def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120) -> None:
+def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120, keys: ClusterKeys = ClusterKeys()) -> None:
     """Until the router lists every worker as healthy and forwards a generation. Workers register
     in the background after the router starts; routing keys seen before the last one registers
     would all be pinned to the first (``min_group`` chooses among registered workers only)."""
@@ -91,9 +125,9 @@ def wait_routing(url: str, worker_urls: list[str], timeout_s: float = 120) -> No
     body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     while time.monotonic() < deadline:
         try:
-            listed = requests.get(url + "/workers", timeout=30)
-            if (listed.status_code == 200 and all_registered(listed.json(), worker_urls)
-                    and requests.post(url + "/generate", json=body, timeout=30).status_code == 200):
+            listed = requests.get(url + "/workers", headers=keys.headers(admin=True), timeout=30)
+            if (listed.status_code == 200 and all_registered(listed.json(), worker_urls) and requests.post(
+                    url + "/generate", json=body, headers=keys.headers(), timeout=30).status_code == 200):
                 return
         except (requests.RequestException, ValueError):
             pass
@@ -114,6 +148,7 @@ class Cluster:
         from rksc_sgl.launch_server import flag_value
 
         self.worker_args = list(worker_args)
+        self.keys = ClusterKeys.of(self.worker_args)
         self.env = worker_env(workers, flag_value(worker_args, "device") in (None, "cpu"))
         self.workers = [servers.spawn("rksc_sgl.launch_server", self.worker_args, self.log_dir / f"worker{i}.log",
                                       self.env) for i in range(workers)]
@@ -141,12 +176,13 @@ class Cluster:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.stop_router()
         port = port or servers.free_port()
-        args = ["--worker-urls", *self.worker_urls, *POLICIES[policy], *router_args, "--log-level", "warn"]
+        args = ["--worker-urls", *self.worker_urls, *POLICIES[policy], *self.keys.router_args(), *router_args,
+                "--log-level", "warn"]
         log = self.log_dir / f"router-{policy}.log"
         self.router, url = servers.spawn("sglang_router.launch_router", args, log, python=self.python, port=port,
                                          host=host)
         try:
-            wait_routing(url, self.worker_urls)
+            wait_routing(url, self.worker_urls, keys=self.keys)
         except Exception:
             self.stop_router()
             raise RuntimeError(f"sglang-router failed to route; log:\n{log.read_text()[-3000:]}") from None
@@ -177,9 +213,11 @@ class Cluster:
 
     def flush(self) -> None:
         """Empty every worker's radix cache (between measured runs), each once it is idle;
-        raises ``RuntimeError`` with the worker's reason if one was not flushed."""
+        raises ``RuntimeError`` with the worker's reason if one was not flushed. Directly, with the
+        admin key: sglang-router's own ``/flush_cache`` reaches the workers with its user key."""
+        post = functools.partial(requests.post, headers=self.keys.headers(admin=True))
         for url in self.worker_urls:
-            flush_server(url)
+            flush_server(url, post=post)
 
     def stop_router(self) -> None:
         if self.router is not None:
@@ -225,12 +263,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, worker_args
 
 
+def router_exposure_warning(host: str, keys: ClusterKeys) -> str | None:
+    """The start-up warning for a router others can reach whose control plane no admin key locks."""
+    from rksc_sgl.launch_server import is_loopback
+
+    if keys.admin_api_key or is_loopback(host):
+        return None
+    who = "any client that holds --api-key" if keys.api_key else "any client"
+    return (f"--host {host} is reachable from other machines and --admin-api-key is not set: the router's "
+            f"control plane (/workers adds and removes workers, /flush_cache) answers {who}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args, worker_args = parse_args(argv)
     if worker_args:  # our flags and flag conflicts fail here, before any worker loads a model
         from rksc_sgl.launch_server import split_args
 
         split_args(worker_args)
+    warning = router_exposure_warning(args.host, ClusterKeys.of(worker_args))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="rksc-router-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"starting {args.workers} workers (logs in {log_dir})", flush=True)

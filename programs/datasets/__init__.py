@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from . import arc, coqa, gpqa, gsm8k, mmlu
 from ._common import LETTERS, DatasetNotInstalledError, Problem
-from .answers import extract_letter, extract_number, normalize_number
+from .answers import answer_reading, extract_letter, extract_number, normalize_number
 
 __all__ = [
     "DATASETS",
@@ -26,6 +26,7 @@ __all__ = [
     "extract_answer",
     "extract_letter",
     "extract_number",
+    "extract_reading",
     "format_question",
     "is_correct",
     "load",
@@ -69,6 +70,18 @@ def load(name: str, limit: int | None = None) -> list[Problem]:
     return list(problems[:limit])
 
 
+def _letters(problem_or_dataset: Problem | str) -> str | None:
+    """The letters a multiple-choice answer may be (the problem's choices when a Problem is
+    given), or None for a numeric dataset."""
+    if isinstance(problem_or_dataset, Problem):
+        name = _check_name(problem_or_dataset.dataset)
+        letters = LETTERS[: len(problem_or_dataset.choices)]
+    else:
+        name = _check_name(problem_or_dataset)
+        letters = _DEFAULT_LETTERS.get(name, "")
+    return None if name == gsm8k.NAME else letters
+
+
 def extract_answer(problem_or_dataset: Problem | str, text: str) -> str | None:
     """Extract a normalised answer from model output ``text``, or None if there is none.
 
@@ -76,19 +89,21 @@ def extract_answer(problem_or_dataset: Problem | str, text: str) -> str | None:
     multiple-choice datasets it is a capital letter (see :func:`extract_letter`), limited to the
     problem's choices when a Problem is given.
     """
-    if isinstance(problem_or_dataset, Problem):
-        name = _check_name(problem_or_dataset.dataset)
-        letters = LETTERS[: len(problem_or_dataset.choices)]
-    else:
-        name = _check_name(problem_or_dataset)
-        letters = _DEFAULT_LETTERS.get(name, "")
-    if name == gsm8k.NAME:
-        return extract_number(text)
+    name = problem_or_dataset.dataset if isinstance(problem_or_dataset, Problem) else problem_or_dataset
     if name in READING_DATASETS:
         from programs.reading import short_answer
 
         return short_answer(text)
-    return extract_letter(text, letters)
+    letters = _letters(problem_or_dataset)
+    return extract_number(text) if letters is None else extract_letter(text, letters)
+
+
+def extract_reading(problem_or_dataset: Problem | str) -> tuple[tuple[str, ...], str]:
+    """The ordered patterns and the normalisation :func:`extract_answer` reads with, as a group
+    policy sends them (``answer_pattern``, ``answer_normalize``): the scheduler's group stop then
+    reads each branch's vote as the program does."""
+    letters = _letters(problem_or_dataset)
+    return answer_reading("number") if letters is None else answer_reading("letter", letters)
 
 
 def is_correct(problem: Problem, text: str) -> bool:

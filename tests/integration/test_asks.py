@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed=3)
 SHOTS = 3
 ENGINES = {
-    "tau1": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_tau=1.0)),
-    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True, asks_tau=0.0)),
+    "tau1": dict(max_total_tokens=16384, rksc=RkscConfig(asks=True, asks_mode="adopt", asks_tau=1.0)),
+    "asks": dict(max_total_tokens=1500, rksc=RkscConfig(asks=True, asks_mode="adopt", asks_tau=0.0)),
 }
 
 
@@ -263,10 +263,10 @@ class TestTrustBoundary:
 
 @pytest.fixture(scope="module")
 def open_gate_server(tmp_path_factory):
-    """``python -m rksc_sgl.launch_server --asks --asks-tau 0``: one server, its gate open."""
+    """``python -m rksc_sgl.launch_server --asks --asks-mode adopt --asks-tau 0``: one server, its gate open."""
     from rksc_sgl.servers import http_server
 
-    args = ["--asks", "--asks-tau", "0", "--max-total-tokens", "4000", "--log-level", "warning"]
+    args = ["--asks", "--asks-mode", "adopt", "--asks-tau", "0", "--max-total-tokens", "4000", "--log-level", "warning"]
     with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("asks-server")) as url:
         yield url
 

@@ -25,6 +25,18 @@ LONG = "hello " * 20000  # far past the model's context window
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 
+# Batches beyond --max-fanout (256 by default): 5,000 one-token prompts held stock SGLang for 30 s.
+OVERSIZE: list[tuple[str, object, str]] = [
+    ("/generate", {"text": ["hi"] * 5000, "sampling_params": {"max_new_tokens": 1}},
+     "fans out to 5000 generations (5000 prompt(s) in text x sampling_params.n = 1), more than the server's "
+     "limit of 256 per request (--max-fanout)"),
+    ("/generate", {"text": ["hi"] * 5000, "stream": True, "sampling_params": {"max_new_tokens": 1}}, "--max-fanout"),
+    ("/v1/completions", {"model": "default", "prompt": ["hi"] * 5000, "max_tokens": 1},
+     "5000 prompt(s) in prompt x n = 1"),
+    ("/v1/completions", {"model": "default", "prompt": [[1, 2]] * 129, "max_tokens": 1, "n": 2, "stream": True},
+     "258 generations"),
+]
+
 # (route, JSON body or raw text, a word the 4xx body must contain, case-insensitive). Mistyped
 # values on /generate are refused by SGLang's own contract check before any hook of ours runs; its
 # reason names the value and the expected type, not the field ("invalid type: string \"ten\",
@@ -105,6 +117,42 @@ BAD: list[tuple[str, object, str]] = [
     # An answer pattern is compiled and matched in the scheduler loop: its length is bounded.
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
         "rksc_group_policy": {"answer_pattern": "a" * 513, "rule": "beta"}}}}, "answer_pattern must be at most 512"),
+    # A request's fan-out, prompts x n, is bounded by --max-fanout (radix_ext/batch_guards.py).
+    *OVERSIZE,
+    ("/generate", {"text": ["hi"] * 5, "sampling_params": {"max_new_tokens": 1, "n": 64}}, "320 generations"),
+    # Malformed batch shapes (radix_ext/batch_guards.py): the first was an HTTP 500, the
+    # logprob_start_len list beside one prompt killed the scheduler, the empty batch was a 200 [].
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]},
+     "sampling_params has 1 entries for the 2 prompts in text"),
+    ("/generate", {"text": ["a", "b"], "stream": True, "sampling_params": [{"max_new_tokens": 2}]},
+     "sampling_params has 1 entries"),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}] * 3},
+     "sampling_params has 3 entries"),
+    ("/generate", {"input_ids": [[1, 2], [3]], "return_logprob": [True]}, "return_logprob has 1 entries"),
+    ("/generate", {"text": ["a", "b"], "return_logprob": True, "token_ids_logprob": [[1]]}, "token_ids_logprob has 1"),
+    ("/generate", {"text": "a", "sampling_params": [{"max_new_tokens": 2}]}, "sampling_params is a list, but text"),
+    ("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": [0]}, "logprob_start_len is a list"),
+    ("/generate", {"text": "a", "rid": ["x"]}, "rid is a list"),
+    ("/generate", {"text": [], "sampling_params": {"max_new_tokens": 2}}, "text is an empty list"),
+    ("/generate", {"text": [], "sampling_params": [{"max_new_tokens": 2}]}, "text is an empty list"),
+    ("/generate", {"sampling_params": [{"max_new_tokens": 2}]}, "text"),
+    # ... and so is the ordered list of patterns, each of them, and the normalisation.
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"] * 9, "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": [], "rule": "beta"}}}}, "answer_pattern must list 1 to 8"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "a" * 513], "rule": "beta"}}}}, "answer_pattern[1] must be at most 512"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", "("], "rule": "beta"}}}}, "answer_pattern[1] is not a valid regex"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a", None], "rule": "beta"}}}}, "answer_pattern[1] must be a non-empty"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": "a", "answer_normalize": "letter:", "rule": "beta"}}}},
+     "answer_normalize must be"),
+    (CHAT, {"model": "default", "messages": HI, "max_tokens": 2, "n": 2, "custom_params": {
+        "rksc_group_policy": {"answer_pattern": ["a"], "answer_normalize": "roman", "rule": "beta"}}},
+     "answer_normalize must be"),
 ]
 
 
@@ -146,6 +194,20 @@ def test_bad_requests_get_4xx_naming_the_field_while_good_ones_complete(server_u
     assert statuses == [200] * len(BAD)
     assert good(server_url, 0).status_code == 200
     assert_no_kv_leak(HttpPool(server_url))
+
+
+@pytest.mark.parametrize("route, body, word", OVERSIZE, ids=["generate", "generate-stream", "completions",
+                                                             "completions-stream"])
+def test_an_oversize_batch_is_refused_at_once_and_the_next_request_is_served_at_once(server_url, route, body, word):
+    start = time.monotonic()
+    refused = post(server_url, route, body)
+    refused_s = time.monotonic() - start
+    assert refused.status_code == 400 and word in refused.text, refused.text[:300]
+    assert servers.kv_pool(server_url)["queued_requests"] == 0  # nothing of it reached the scheduler
+    start = time.monotonic()
+    assert good(server_url, 0).status_code == 200
+    served_s = time.monotonic() - start
+    assert refused_s < 5 and served_s < 15, (refused_s, served_s)
 
 
 # n > 1 requests dropped mid-way: SGLang runs each sample as a child with a fresh rid, so the

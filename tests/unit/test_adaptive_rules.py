@@ -121,3 +121,7 @@ class TestReplayConcurrent:
         assert (esc.rule, esc.window, esc.min_samples) == ("esc", 3, 1)
         assert (beta.rule, beta.confidence, beta.min_samples) == ("beta", 0.8, 4)
         assert StopRule.parse("none").group_policy("x") is None
+
+    def test_the_group_policy_carries_ordered_patterns_and_the_normalisation(self):
+        policy = StopRule.parse("beta:0.9").group_policy(["a(\\d)", "\\d"], "number")
+        assert policy.answer_pattern == ("a(\\d)", "\\d") and policy.answer_normalize == "number"

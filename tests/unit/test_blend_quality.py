@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.blend_quality import blend_work, branch_quality, computed_prefill, percentile
+from benchmarks.blend_quality import blend_work, branch_quality, percentile
 
 
 def branch(text="a b c", ids=(1, 2, 3), top=None, asks=None):
@@ -49,18 +49,23 @@ def test_percentile_interpolates_between_ranks():
 
 
 class TestBlendWork:
-    def test_only_blends_reused_tokens_are_left_uncomputed_adoptions_are_cached_already(self):
+    def test_reused_and_recomputed_tokens_and_outcomes_are_summed_over_the_branches(self):
         results = run([branch(asks={"mode": "blend", "outcome": "blended", "reused_tokens": 85, "recomputed_tokens": 15}),
                        branch(asks={"adopted": True, "outcome": "adopted", "reused_tokens": 50})])
         work = blend_work(results)
         assert work["asks_reused_tokens"] == 135 and work["asks_recomputed_tokens"] == 15
-        assert work["asks_blend_uncomputed_tokens"] == 85
         assert work["asks_outcomes"] == {"blended": 1, "adopted": 1}
-        assert computed_prefill(1000, work["asks_blend_uncomputed_tokens"]) == 915
 
-    def test_without_reports_nothing_is_subtracted(self):
-        work = blend_work(run([branch()]))
-        assert work["asks_blend_uncomputed_tokens"] is None and computed_prefill(1000, None) == 1000
+    def test_without_reports_there_is_nothing_to_sum(self):
+        assert blend_work(run([branch()]))["asks_reused_tokens"] is None
+
+    def test_the_frontends_prefill_count_leaves_out_blends_reused_tokens(self):
+        from rksc_sgl.frontend import TokenCounters
+
+        counters = TokenCounters()
+        counters.add({"prompt_tokens": 1000, "cached_tokens": 100,
+                      "rksc_asks": [{"mode": "blend", "outcome": "blended", "reused_tokens": 600}]})
+        assert counters.prefill_tokens == 300
 
 
 class TestModesAndFlags:

@@ -36,17 +36,18 @@ def test_the_report_prints_each_speed_up_beside_its_agreement(capsys):
     from programs.demo import VOTE, Timed, report
 
     def sc(answers, asks=None):
-        branches = [NS(answer=a, asks=asks if i else None) for i, a in enumerate(answers)]
+        branches = [NS(answer=a, text=f"... {a}", asks=asks if i else None) for i, a in enumerate(answers)]
         return NS(answer=answers[0], correct=False, branches=branches)
 
-    adopted = {"adopted": True, "sigma": 0.5, "tau": 0.287, "reused_tokens": 300}
+    blended = {"mode": "blend", "outcome": "blended", "recompute": 0.15, "reused_tokens": 300,
+               "recomputed_tokens": 53}
     def votes(answer, tokens, stopped):
         return NS(answers=(answer,) * 4, answer=answer, correct=answer == "B", completion_tokens=tokens, stopped=stopped)
 
     exact = {"paraphrase self-consistency": Timed([sc(["1", "2"])], 10.0, 800),
              "tree of thoughts": Timed([NS(answer="3", correct=True)], 8.0, 900),
              VOTE: Timed([votes("B", 100, 0), votes("C", 100, 0)], 9.0, 0)}
-    ours = {"paraphrase self-consistency": Timed([sc(["1", "5"], adopted)], 4.0, 300),
+    ours = {"paraphrase self-consistency": Timed([sc(["1", "5"], blended)], 4.0, 300),
             "tree of thoughts": Timed([NS(answer="3", correct=True)], 6.4, 700),
             VOTE: Timed([votes("B", 60, 2), votes("D", 80, 1)], 6.0, 0)}
     bon = [{"mode": "full", "n_problems": 8, "verify_wall_s": 2.0, "accuracy": 0.25},
@@ -57,7 +58,9 @@ def test_the_report_prints_each_speed_up_beside_its_agreement(capsys):
     assert "2.50x  votes agree 1/1, branch answers 1/2" in out
     assert "1.25x  answers agree 1/1; correct 1 vs 1" in out
     assert "1.25x  decisions differ from full depth 1/8; correct 2 vs 2" in out
-    assert "1 of 2 branches adopted branch 0's wording" in out and "prefill 300 vs 800 tokens" in out
+    assert "1 of 2 branches kept their own wording" in out and "300 tokens' KV re-rotated and reused, 53 " \
+        "recomputed, share 0.15" in out and "prefill 300 vs 800 tokens" in out
+    assert "branch texts identical to exact 1/2" in out
     assert "1.50x  votes agree with the full vote 1/2; correct 1 vs 1" in out
     assert "stopped 3 of 8 children" in out and "completion tokens 140 vs 200" in out
     assert "skipped 2 of 8 verifications" in out

@@ -61,3 +61,29 @@ def test_routing_waits_for_every_worker_to_be_listed_healthy():
     sick = {"workers": [{"url": urls[0], "is_healthy": True}, {"url": urls[1], "is_healthy": False}], "total": 2}
     assert not all_registered(one, urls) and not all_registered(sick, urls) and not all_registered({}, urls)
     assert all_registered(both, urls)
+
+
+class TestKeys:
+    def test_the_workers_keys_are_read_from_their_flags(self):
+        keys = launch_router.ClusterKeys.of(["--rsbcm", "--api-key", "u", "--admin-api-key=a"])
+        assert keys == launch_router.ClusterKeys("u", "a")
+        assert launch_router.ClusterKeys.of(["--rsbcm"]) == launch_router.ClusterKeys()
+
+    def test_the_router_gets_the_user_key_and_the_admin_key_for_its_control_plane(self):
+        assert launch_router.ClusterKeys("u", "a").router_args() == [
+            "--api-key", "u", "--control-plane-api-keys", "rksc-admin:rksc-sgl admin:admin:a"]
+        assert launch_router.ClusterKeys().router_args() == []
+
+    @pytest.mark.parametrize("keys, user, admin", [
+        (("u", "a"), "Bearer u", "Bearer a"), (("u", None), "Bearer u", "Bearer u"), ((None, "a"), None, "Bearer a"),
+    ])
+    def test_each_call_carries_the_key_it_needs(self, keys, user, admin):
+        keys = launch_router.ClusterKeys(*keys)
+        assert keys.headers().get("Authorization") == user
+        assert keys.headers(admin=True).get("Authorization") == admin
+
+    def test_a_reachable_router_without_an_admin_key_is_warned_about(self):
+        warning = launch_router.router_exposure_warning("0.0.0.0", launch_router.ClusterKeys("u"))
+        assert "--admin-api-key is not set" in warning and "/workers" in warning
+        assert launch_router.router_exposure_warning("127.0.0.1", launch_router.ClusterKeys()) is None
+        assert launch_router.router_exposure_warning("0.0.0.0", launch_router.ClusterKeys(None, "a")) is None

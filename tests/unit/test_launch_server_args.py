@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rksc_sgl.config import RkscConfig
-from rksc_sgl.launch_server import split_args
+from rksc_sgl.launch_server import exposure_warning, is_loopback, split_args
 
 
 def test_our_flags_are_parsed_with_their_types_and_the_rest_passes_through():
@@ -14,7 +14,8 @@ def test_our_flags_are_parsed_with_their_types_and_the_rest_passes_through():
     assert rest == ["--port", "30001"]
 
 
-@pytest.mark.parametrize("argv,flag", [(["--cgee-tau-conf", "1.5"], "--cgee-tau-conf"), (["--max-n", "0"], "--max-n")])
+@pytest.mark.parametrize("argv,flag", [(["--cgee-tau-conf", "1.5"], "--cgee-tau-conf"), (["--max-n", "0"], "--max-n"),
+                                       (["--max-fanout", "0"], "--max-fanout")])
 def test_bad_value_exits_with_status_2_naming_the_flag(capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
         split_args(argv)
@@ -65,3 +66,26 @@ def test_in_process_engine_refuses_the_same_conflicts_before_starting():
 
     with pytest.raises(ValueError, match="--asks needs --tp-size 1"):
         launch_engine(rksc=RkscConfig(asks=True), tp_size=2)
+
+
+def test_max_fanout_is_our_flag_with_its_default():
+    assert RkscConfig().max_fanout == 256
+    assert split_args(["--max-fanout", "1000"])[0].max_fanout == 1000
+
+
+class TestExposureWarning:
+    @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+    def test_a_loopback_host_needs_no_admin_key(self, host):
+        assert is_loopback(host) and exposure_warning(host, None, None) is None
+
+    @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "my-host.example"])
+    def test_a_reachable_host_without_an_admin_key_is_warned_about_by_flag(self, host):
+        warning = exposure_warning(host, None, None)
+        assert warning.startswith(f"--host {host} is reachable") and "--admin-api-key is not set" in warning
+        assert "/update_weights_from_disk" in warning and "answer any client." in warning
+
+    def test_a_user_key_alone_still_leaves_admin_routes_to_every_user(self):
+        assert "answer any client that holds --api-key" in exposure_warning("0.0.0.0", "user", None)
+
+    def test_an_admin_key_silences_it(self):
+        assert exposure_warning("0.0.0.0", None, "admin") is None

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 
 from radix_ext import metrics
 from radix_ext.asks import Counters
+from radix_ext.asks_blend import BlendCounters
 
 
 def value(name: str, **labels) -> float:
@@ -22,7 +23,7 @@ def scheduler(monkeypatch):
     monkeypatch.setattr(metrics, "EXIT_ROWS", metrics.collections.Counter())
     if metrics._series is not None:  # series are process-wide; forget what earlier tests published
         metrics._series.published.clear()
-    cache = SimpleNamespace(score_reports=0, asks=SimpleNamespace(counters=Counters()))
+    cache = SimpleNamespace(score_reports=0, asks=SimpleNamespace(counters=Counters(), blend_counters=BlendCounters()))
     return SimpleNamespace(server_args=SimpleNamespace(enable_metrics=True), tree_cache=cache)
 
 
@@ -43,6 +44,14 @@ def test_totals_are_published_once_as_counter_increments(scheduler):
     assert value("rksc_rsbcm_score_reports_total") == before["rsbcm_score_reports"] + 5
     assert value("rksc_asks_signature_bytes") == 4096
     assert value("rksc_evicted_tokens_total", node="scored") == scored + 7
+    blend = scheduler.tree_cache.asks.blend_counters
+    blended = value("rksc_asks_blend_requests_total", outcome="blended")
+    reused = value("rksc_asks_blend_tokens_total", kind="reused")
+    blend.blended, blend.reused_tokens = 4, 900
+    metrics.publish(scheduler)
+    metrics.publish(scheduler)
+    assert value("rksc_asks_blend_requests_total", outcome="blended") == blended + 4
+    assert value("rksc_asks_blend_tokens_total", kind="reused") == reused + 900
     assert value("rksc_early_exit_rows_total", exit_layer="12") == exits + 3
 
 

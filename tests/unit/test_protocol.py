@@ -47,12 +47,34 @@ class TestStopOptions:
         ({"answer_pattern": "x", "rule": "beta", "confidence": 1.0}, "confidence"),
         ({"answer_pattern": "x", "rule": "beta", "min_samples": 0}, "min_samples"),
         ({"rule": "beta"}, "needs"),
+        ({"answer_pattern": [], "rule": "esc"}, "answer_pattern must list 1 to 8 patterns, got 0"),
+        ({"answer_pattern": ["x"] * 9, "rule": "esc"}, "answer_pattern must list 1 to 8 patterns, got 9"),
+        ({"answer_pattern": ["x", "("], "rule": "esc"}, r"answer_pattern\[1\] is not a valid regex"),
+        ({"answer_pattern": ["x", ""], "rule": "esc"}, r"answer_pattern\[1\] must be a non-empty regex"),
+        ({"answer_pattern": ["x", 3], "rule": "esc"}, r"answer_pattern\[1\] must be a non-empty regex"),
+        ({"answer_pattern": ["x" * 513], "rule": "esc"}, r"answer_pattern\[0\] must be at most 512 characters, got 513"),
+        ({"answer_pattern": {"x": 1}, "rule": "esc"}, "answer_pattern must be a non-empty regex"),
+        ({"answer_pattern": "x", "rule": "esc", "answer_normalize": "digits"}, "answer_normalize must be"),
+        ({"answer_pattern": "x", "rule": "esc", "answer_normalize": "letter:"}, "answer_normalize must be"),
+        ({"answer_pattern": "x", "rule": "esc", "answer_normalize": "letter:ab"}, "answer_normalize must be"),
+        ({"answer_pattern": "x", "rule": "esc", "answer_normalize": "letter:AA"}, "answer_normalize must be"),
+        ({"answer_pattern": "x", "rule": "esc", "answer_normalize": 1}, "answer_normalize must be"),
     ])
     def test_a_bad_group_policy_names_the_field(self, entry, field):
         from rksc_sgl.protocol import GroupPolicy
 
         with pytest.raises(ValueError, match=field):
             GroupPolicy.from_custom_params({"rksc_group_policy": entry})
+
+    def test_a_group_policy_takes_an_ordered_list_of_patterns_and_a_normalisation(self):
+        from rksc_sgl.protocol import GroupPolicy
+
+        entry = {"answer_pattern": ["answer is (\\d+)", "\\d+"], "rule": "beta", "answer_normalize": "number"}
+        policy = GroupPolicy.from_custom_params({"rksc_group_policy": entry})
+        assert policy.patterns == ("answer is (\\d+)", "\\d+") and policy.answer_normalize == "number"
+        assert GroupPolicy.from_custom_params(policy.to_custom_params()) == policy
+        assert GroupPolicy("x", "esc").patterns == ("x",)  # one pattern as a string, as before
+        assert GroupPolicy("x", "esc", answer_normalize="letter:ABCDE").answer_normalize == "letter:ABCDE"
 
     @pytest.mark.parametrize("entry, field", [
         ({"id": "", "index": 0}, "rksc_group.id"),

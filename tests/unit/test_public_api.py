@@ -12,7 +12,7 @@ import pytest
 import rksc_sgl
 
 CLASSES = ("RkscConfig", "RkscEndpoint", "RkscEngineEndpoint", "Candidate", "CgeeThresholds", "StopRule")
-FUNCTIONS = ("launch_engine", "default_model_path", "branch_options", "report_score", "verify", "token_logprobs", "paraphrase_fork",
+FUNCTIONS = ("launch_engine", "default_model_path", "branch_options", "report_score", "verify", "token_logprobs", "paraphrase_fork", "share_chunks",
              "adaptive_fork")
 
 

@@ -12,7 +12,7 @@ from rksc_sgl.config import RkscConfig
 from rksc_sgl.engine import CPU_DEFAULTS
 from rksc_sgl.launch_server import flag_value
 from rksc_sgl.model_cache import MODEL_NAME
-from tests.integration.serving_doc import documented_command
+from tests.integration.serving_doc import documented_admin_paths, documented_command, sglang_admin_routes
 
 ENV, MODULE, ARGS = documented_command()
 
@@ -38,3 +38,9 @@ def test_its_environment_is_a_valid_config_on_sglangs_cpu_path():
 
 def test_its_model_is_where_make_model_converts_it():
     assert flag_value(ARGS, "model_path").endswith(f"/.cache/rksc-sgl/models/{MODEL_NAME}")
+
+
+def test_it_lists_exactly_sglangs_admin_endpoints():
+    routes = sglang_admin_routes()
+    assert {"/flush_cache", "/start_profile", "/release_memory_occupation", "/update_weights_from_disk"} <= set(routes)
+    assert documented_admin_paths() == set(routes)

@@ -1,0 +1,171 @@
+"""ASKS blend in the real engine: exact at recompute 1.0, close to exact at the default share while
+computing a fraction of the prefill, approximate KV never in the tree, groups kept apart (in
+process and between two HTTP clients of one server), and no KV leak.
+
+Engines, one at a time beside the session's stock engine (``engine_backend``): blend at recompute
+1.0 (every reused token recomputed, must equal stock token for token) and blend at the shipped
+default share. Paraphrase self-consistency (``programs.paraphrase_sc``) at 8 shots: branch ``b``
+opens with its own wording, then the same exemplars and question; ``paraphrase_fork`` commits the
+openings and branch 0's whole prompt, so branches 1-3 find the tail below branch 0's opening.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import pytest
+
+from programs.datasets import load
+from programs.paraphrase_sc import exemplars_for, prompt_text, solve
+from programs.paraphrases import EVAL
+from programs.sampling import SamplingConfig
+from programs.sc import user_prompt
+from rksc_sgl import RkscConfig
+from rksc_sgl.protocol import ASKS_KEY, AsksOptions
+from tests.integration.engines import Engines
+from tests.integration.kv import assert_no_kv_leak
+
+pytestmark = pytest.mark.integration
+
+CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed=3)
+SHOTS = 8
+DEFAULT = RkscConfig().asks_recompute
+ENGINES = {
+    "all": dict(rksc=RkscConfig(asks=True, asks_recompute=1.0)),
+    "default": dict(rksc=RkscConfig(asks=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pool = Engines(ENGINES)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def problem():
+    everything = load("gsm8k")
+    test, pool = everything[0], tuple(everything[-200:])
+    return test, exemplars_for(test, pool, SHOTS)
+
+
+def run(backend, problem, group: str | None = None):
+    backend.flush_cache()
+    backend.reset_counters()
+    result = solve(problem[0], 0, problem[1], CONFIG, backend, group=group)
+    return result, backend.reset_counters()
+
+
+@pytest.fixture(scope="module")
+def stock(engine_backend, problem):
+    return run(engine_backend, problem)
+
+
+@pytest.fixture(scope="module")
+def recompute_all(engines, problem):
+    return run(engines.get("all"), problem)
+
+
+@pytest.fixture(scope="module")
+def default(engines, problem):
+    backend = engines.get("default")
+    group = f"blend-{uuid.uuid4().hex}"
+    return backend, group, *run(backend, problem, group)
+
+
+def first_token_kl(exact: dict[int, float], approx: dict[int, float]) -> float:
+    """KL(exact || approx) over exact's top tokens (``approx`` floored where it lacks one)."""
+    floor = min(approx.values())
+    return sum(math.exp(lp) * (lp - approx.get(tok, floor)) for tok, lp in exact.items())
+
+
+class TestRecomputeOne:
+    def test_every_branch_is_token_identical_to_exact(self, recompute_all, stock):
+        ours, theirs = recompute_all[0], stock[0]
+        assert [b.token_ids for b in ours.branches] == [b.token_ids for b in theirs.branches]
+        assert recompute_all[1].prefill_tokens == stock[1].prefill_tokens
+
+    def test_the_blend_path_ran_and_recomputed_every_reused_token(self, recompute_all):
+        reports = [b.asks for b in recompute_all[0].branches[1:]]
+        assert all(r["mode"] == "blend" and r["outcome"] == "blended" for r in reports), reports
+        assert all(r["reused_tokens"] == 0 and r["recomputed_tokens"] > 500 for r in reports), reports
+
+
+class TestDefaultShare:
+    def test_branches_reuse_most_of_their_tail_and_keep_their_words(self, default):
+        _backend, _group, result, _counters = default
+        for branch in result.branches[1:]:
+            report = branch.asks
+            assert report["outcome"] == "blended", report
+            covered = report["reused_tokens"] + report["recomputed_tokens"]
+            assert report["recomputed_tokens"] == math.ceil(DEFAULT * covered), report
+            assert report["reused_tokens"] > 0.6 * report["prompt_tokens"], report
+
+    def test_prefill_is_a_fraction_of_exact(self, default, stock):
+        assert default[3].prefill_tokens < 0.6 * stock[1].prefill_tokens, (default[3], stock[1])
+        assert default[3].prompt_tokens == stock[1].prompt_tokens  # the same words were sent
+
+    def test_first_token_distribution_stays_close_to_exact(self, default, stock):
+        kls = [first_token_kl(e.first_top_logprobs, b.first_top_logprobs)
+               for e, b in zip(stock[0].branches[1:], default[2].branches[1:])]
+        assert max(kls) < 0.05, kls
+
+    def test_approximate_kv_never_enters_the_tree(self, default, problem):
+        """A blended branch's prompt, sent again by a request of no group, finds only what was
+        computed exactly (the chat head and the branch's opening), never its blended tail."""
+        backend, _group, _result, _ = default
+        head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
+        opening_tokens = backend.prefill(head + EVAL.paraphrases[1])["prompt_tokens"]
+        prompt = prompt_text(backend.chat_template, EVAL.paraphrases[1], user_prompt(problem[0], problem[1]))
+        meta = backend.prefill(prompt)
+        assert meta["cached_tokens"] <= opening_tokens < meta["prompt_tokens"] // 2, (meta, opening_tokens)
+        assert_no_kv_leak(backend)
+
+    def test_another_groups_tail_is_never_reused(self, default, problem):
+        backend, group, *_ = default
+        other = run(backend, problem, f"other-{uuid.uuid4().hex}")[0]  # flushes: the tree is the other group's
+        assert all(b.asks["outcome"] == "blended" for b in other.branches[1:])  # within its own group
+        report = generate(backend, group, EVAL.paraphrases[2], user_prompt(problem[0], problem[1]))
+        assert report["outcome"] == "no-donor", report
+        stats = backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]
+        assert stats["mode"] == "blend" and stats["blend"]["blended"] >= 3, stats
+        assert_no_kv_leak(backend)
+
+
+def generate(client, group: str, system: str, tail: str) -> dict:
+    """Commit ``system``'s opening in ``group``, then generate one token from ``system + tail``
+    as a member of ``group``: the ASKS report."""
+    options = AsksOptions(group=group).to_custom_params()
+    client.prefill(client.chat_template.get_prefix_and_suffix("system", [])[0] + system, custom_params=options)
+    out = client._generate_http_request(None, {"text": prompt_text(client.chat_template, system, tail),
+                                               "sampling_params": {"max_new_tokens": 1, "custom_params": options}})
+    return out["meta_info"][ASKS_KEY][0]
+
+
+@pytest.fixture(scope="module")
+def blend_server(tmp_path_factory):
+    """``python -m rksc_sgl.launch_server --asks``: blend at the default share."""
+    from rksc_sgl.servers import http_server
+
+    args = ["--asks", "--max-total-tokens", "8000", "--log-level", "warning"]
+    with http_server("rksc_sgl.launch_server", args, tmp_path_factory.mktemp("blend-server")) as url:
+        yield url
+
+
+def test_two_http_clients_of_one_server_never_blend_from_each_other(blend_server, problem):
+    """Client A runs a paraphrase program in its group; client B then sends the same words
+    (another opening, A's tail) in its own group: B computes everything, while A's next branch
+    reuses A's tail."""
+    from rksc_sgl import RkscEndpoint
+
+    a, b = RkscEndpoint(blend_server), RkscEndpoint(blend_server)
+    group_a, group_b = f"client-a-{uuid.uuid4().hex}", f"client-b-{uuid.uuid4().hex}"
+    result = solve(problem[0], 0, problem[1], CONFIG, a, group=group_a)
+    assert all(x.asks["outcome"] == "blended" for x in result.branches[1:])
+    tail = user_prompt(problem[0], problem[1])
+    assert generate(b, group_b, EVAL.paraphrases[5], tail)["outcome"] == "no-donor"
+    report = generate(a, group_a, EVAL.paraphrases[6], tail)
+    assert report["outcome"] == "blended" and report["reused_tokens"] > 0, report
+    assert_no_kv_leak(a)

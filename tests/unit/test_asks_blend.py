@@ -1,0 +1,222 @@
+"""ASKS blend's pure parts: segments on a simulated tree (and its trust boundary), the selection,
+K re-rotation against SGLang's own RoPE, and attention from rows at arbitrary positions.
+
+Requests go through the real ``RkscRadixCache.checkpoint`` over fake pools, as in
+``test_backend_tree``; group membership is what ``radix_ext.asks`` registers at creation.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from radix_ext import asks_blend, cpu_attention
+from radix_ext.asks import AsksState
+from radix_ext.asks_blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
+from radix_ext.asks_gate import Gate
+from radix_ext.backend import RkscRadixCache
+from radix_ext.cpu_attention import blend_extend_attention, extend_attention
+from rksc_sgl.protocol import AsksOptions
+from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish
+
+HEAD = [1, 2, 3]
+OPEN_A, OPEN_B = [10, 11, 12], [20, 21]  # two openings of one group
+SHARED = list(range(100, 140))  # the text both branches read after their opening
+QUESTION = list(range(200, 210))
+GROUP, OTHER = "program-a", "program-b"
+
+
+def make() -> RkscRadixCache:
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    params = CacheInitParams(disable=False, req_to_token_pool=FakeReqToTokenPool(),
+                             token_to_kv_pool_allocator=FakeAllocator(), page_size=1, eviction_policy="lru")
+    state = AsksState(Gate(tau=1.0, alpha=1.0, layers=(1,), num_layers=1), 16, 1 << 20, mode="blend",
+                      blend=BlendSettings(0.15, "deviation", 4))
+    return RkscRadixCache(params, asks=state)
+
+
+def commit(cache, tokens: list[int], group: str | None = GROUP):
+    """A prefill-only commit of ``group`` (None: a request of no group, another client's)."""
+    req = admit(cache, tokens)
+    if group is not None:
+        asks_blend.register_commit(req, group)
+    return finish(cache, req)
+
+
+def member(cache, tokens: list[int], group: str = GROUP):
+    """A generating member of ``group`` that computed its prompt exactly (a donor)."""
+    req = admit(cache, tokens)
+    setattr(req, asks_blend.MEMBER_ATTR, group)
+    return finish(cache, req, output=[7, 8])
+
+
+def segments_for(cache, tokens: list[int], start: int, group: str = GROUP, fresh_tail: int = 4):
+    key = RadixKey(token_ids=array("q", tokens))
+    return find_segments(cache.asks.anchors.get(group, ()), key, start, len(tokens) - fresh_tail, group)
+
+
+def donor_tree(cache):
+    """Both openings committed, and branch A's whole prompt computed by a member of the group."""
+    commit(cache, HEAD + OPEN_A)
+    commit(cache, HEAD + OPEN_B)
+    member(cache, HEAD + OPEN_A + SHARED + QUESTION)
+
+
+class TestSegments:
+    def test_text_after_another_opening_is_found_with_the_position_delta(self):
+        cache = make()
+        donor_tree(cache)
+        request = HEAD + OPEN_B + SHARED + QUESTION
+        start = len(HEAD + OPEN_B)
+        [segment] = segments_for(cache, request, start)
+        assert segment.start == start
+        assert segment.length == len(request) - 4 - start  # up to the fresh tail
+        assert segment.delta == len(OPEN_B) - len(OPEN_A)  # request position - donor position
+        donor_slots = cache.path_device_indices(
+            cache.match_prefix(_params(HEAD + OPEN_A + SHARED + QUESTION)).last_device_node)
+        first = len(HEAD + OPEN_A)
+        assert segment.donor_slots.tolist() == donor_slots[first: first + segment.length].tolist()
+
+    def test_another_groups_text_is_never_a_donor(self):
+        cache = make()
+        donor_tree(cache)
+        assert segments_for(cache, HEAD + OPEN_B + SHARED + QUESTION, len(HEAD + OPEN_B), group=OTHER) == []
+
+    def test_text_another_client_computed_below_our_anchor_is_never_a_donor(self):
+        cache = make()
+        commit(cache, HEAD + OPEN_A, GROUP)
+        commit(cache, HEAD + OPEN_A + SHARED + QUESTION, None)  # a request of no group, same prefix
+        assert segments_for(cache, HEAD + OPEN_B + SHARED + QUESTION, len(HEAD + OPEN_B)) == []
+
+    def test_chunks_combine_in_any_order_with_gaps_computed(self):
+        cache = make()
+        doc_a, doc_b = list(range(300, 320)), list(range(400, 430))
+        commit(cache, HEAD)
+        commit(cache, HEAD + doc_a)
+        commit(cache, HEAD + doc_b)
+        request = HEAD + doc_b + [9, 9] + doc_a + QUESTION
+        segments = segments_for(cache, request, len(HEAD) + len(doc_b))  # doc_b matched exactly
+        [segment] = segments
+        assert segment.start == len(HEAD + doc_b) + 2 and segment.length == len(doc_a)
+        assert segment.delta == segment.start - len(HEAD)
+
+    def test_a_short_coincidence_is_no_segment(self):
+        cache = make()
+        donor_tree(cache)
+        request = HEAD + OPEN_B + SHARED[: asks_blend.MIN_SEGMENT - 1] + [999] * 20
+        assert segments_for(cache, request, len(HEAD + OPEN_B)) == []
+
+    def test_evicted_anchors_leave_the_registry_and_reset_clears_it(self):
+        cache = make()
+        donor_tree(cache)
+        assert cache.asks.anchors[GROUP]
+        cache.evict(EvictParams(num_tokens=10_000))
+        assert not cache.asks.anchors[GROUP]
+        donor_tree(cache)
+        cache.reset()
+        assert cache.asks.anchors == {}
+
+    def test_split_nodes_keep_the_group_mark(self):
+        cache = make()
+        donor_tree(cache)
+        commit(cache, HEAD + OPEN_A + SHARED[:5] + [555], GROUP)  # splits the donor's node
+        [segment] = segments_for(cache, HEAD + OPEN_B + SHARED + QUESTION, len(HEAD + OPEN_B))
+        assert segment.length == len(SHARED) + len(QUESTION) - 4
+
+
+def _params(tokens):
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    return MatchPrefixParams(key=RadixKey(array("q", tokens)))
+
+
+class TestSelection:
+    SEGMENTS = [Segment(10, torch.arange(10), 0), Segment(30, torch.arange(4), 0)]
+
+    def test_no_share_recomputes_nothing_and_all_recomputes_everything(self):
+        assert not select(self.SEGMENTS, 0.0, "leading").any()
+        assert select(self.SEGMENTS, 1.0, "deviation", torch.rand(14)).all()
+
+    def test_leading_takes_the_first_tokens_of_each_segment(self):
+        chosen = select(self.SEGMENTS, 0.25, "leading")
+        assert chosen.nonzero().squeeze(1).tolist() == [0, 1, 2, 10]  # ceil(2.5), ceil(1.0)
+
+    def test_deviation_takes_the_tokens_that_moved_most(self):
+        deviation = torch.zeros(14)
+        deviation[[3, 12]] = torch.tensor([5.0, 9.0])
+        assert select(self.SEGMENTS, 0.1, "deviation", deviation).nonzero().squeeze(1).tolist() == [3, 12]
+
+
+def _rope(base: float = 100000.0):
+    """SGLang's RotaryEmbedding as the CPU engine builds it (its module reads is_cpu() at import;
+    the scheduler has SGLANG_USE_CPU_ENGINE=1 by then, a test process need not)."""
+    from sglang.srt.layers.rotary_embedding import base as rope_module
+
+    saved, rope_module._is_cpu = rope_module._is_cpu, True
+    try:
+        return rope_module.RotaryEmbedding(head_size=64, rotary_dim=64, max_position_embeddings=2048, base=base,
+                                           is_neox_style=True, dtype=torch.float32)
+    finally:
+        rope_module._is_cpu = saved
+
+
+class TestRerotation:
+    @pytest.mark.parametrize("delta", [37, -21, 0])
+    def test_a_key_rotated_at_p_moves_to_p_plus_delta(self, delta):
+        rope = _rope()
+        raw = torch.randn(6, 3 * 64)
+        positions = torch.arange(100, 106)
+        _, at_p = rope.forward_native(positions, raw.clone(), raw.clone())
+        _, at_moved = rope.forward_native(positions + delta, raw.clone(), raw.clone())
+        moved = rerotate(at_p.view(6, 3, 64), torch.full((6,), delta), rope)
+        torch.testing.assert_close(moved, at_moved.view(6, 3, 64), atol=2e-5, rtol=1e-5)
+
+    def test_a_wrong_delta_is_far_off(self):
+        rope = _rope()
+        raw = torch.randn(4, 64)
+        _, at_p = rope.forward_native(torch.arange(4), raw.clone(), raw.clone())
+        _, at_moved = rope.forward_native(torch.arange(4) + 50, raw.clone(), raw.clone())
+        assert (rerotate(at_p.view(4, 1, 64), torch.full((4,), 49), rope) - at_moved.view(4, 1, 64)).abs().max() > 1e-2
+
+    def test_only_pure_rotation_tables_qualify(self):
+        rope = _rope()
+        assert pure_rotation(rope)
+        rope.cos_sin_cache = rope.cos_sin_cache * 1.2  # a YaRN-style mscale
+        assert not pure_rotation(rope)
+
+
+class TestAttentionFromArbitraryRows:
+    def test_contiguous_tail_rows_equal_the_extend_attention(self):
+        torch.manual_seed(0)
+        q, k, v = torch.randn(4, 5, 16), torch.randn(2, 12, 16), torch.randn(2, 12, 16)
+        positions = torch.arange(7, 12)
+        torch.testing.assert_close(blend_extend_attention(q, k, v, positions), extend_attention(q, k, v))
+
+    def test_a_row_between_reused_ones_sees_only_keys_up_to_its_position(self):
+        torch.manual_seed(1)
+        q, k, v = torch.randn(2, 1, 8), torch.randn(2, 10, 8), torch.randn(2, 10, 8)
+        out = blend_extend_attention(q, k, v, torch.tensor([4]))
+        torch.testing.assert_close(out, extend_attention(q, k[:, :5], v[:, :5]))
+
+    def test_the_view_attribute_names_agree(self):
+        assert asks_blend.VIEW_ATTR == cpu_attention.BLEND_VIEW_ATTR
+
+
+class TestOptions:
+    @pytest.mark.parametrize("bad", [-0.1, 1.5, "half", True])
+    def test_a_bad_recompute_share_is_refused_naming_the_field(self, bad):
+        with pytest.raises(ValueError, match="rksc_asks.recompute"):
+            AsksOptions.from_custom_params({"rksc_asks": {"group": "g", "recompute": bad}})
+
+    def test_bad_blend_flags_fail_naming_the_flag(self):
+        from rksc_sgl.config import RkscConfig
+
+        for kwargs, flag in (({"asks_mode": "merge"}, "--asks-mode"), ({"asks_select": "random"}, "--asks-select"),
+                             ({"asks_recompute": 2}, "--asks-recompute"), ({"asks_fresh_tail": 0}, "--asks-fresh-tail")):
+            with pytest.raises(ValueError, match=flag):
+                RkscConfig(**kwargs)

@@ -26,5 +26,5 @@ def test_the_demo_runs_every_workload_and_prints_each_speed_up_beside_its_agreem
                  "self-consistency, n-sample requests  early stop", "best-of-4, verification              CGEE"):
         assert line in out, out
     assert "votes agree 1/1" in out or "votes agree 0/1" in out
-    assert "decisions differ from full depth" in out and "ASKS:" in out and "CGEE: skipped" in out
+    assert "decisions differ from full depth" in out and "ASKS (blend):" in out and "CGEE: skipped" in out
     assert "votes agree with the full vote" in out and "children once their problem's vote was decided" in out

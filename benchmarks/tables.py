@@ -92,6 +92,12 @@ def _did(rows: list[dict], mine: list[dict]) -> str:
             hits, n = sum(x["asks_same_topic_false_accepts"] for x in probed), sum(x["asks_same_topic_probed"] for x in probed)
             did += f"; same-topic controls accepted {hits}/{n}"
         return did
+    if r.get("prefill_computed_vs_exact") is not None and r.get("asks_reused_tokens"):  # ASKS blend
+        kl = [x["first_token_kl_median"] for x in mine if x.get("first_token_kl_median") is not None]
+        return (f"prefill computed {_mean(x['prefill_computed_vs_exact'] for x in mine):.2f}x; "
+                f"{sum(x['asks_reused_tokens'] for x in mine):,} tokens' KV reused, "
+                f"{sum(x.get('asks_recomputed_tokens') or 0 for x in mine):,} recomputed"
+                + (f"; first-token KL median {_mean(kl):.3f}" if kl else ""))
     errors = [x for x in mine if x.get("cgee_errors") is not None]
     if errors:
         e, n = sum(x["cgee_errors"] for x in errors), sum(x["n_problems"] for x in errors)
@@ -144,7 +150,10 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                       adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'group-stop')}",
                       "early stop in the scheduler (group vote)", adaptive, "group-stop")] if in_scheduler else []),
-        _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50", "ASKS",
+        *([_bench_row("multi-document questions, 4 passages per branch order, CoQA x10, one repeat", "ASKS blend",
+                      results / "blend" / "multi-doc.jsonl", "asks-only")]
+          if (results / "blend" / "multi-doc.jsonl").exists() else []),
+        _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50 (before blend)", "ASKS adopt",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",
                    "rsbcm-only"),

@@ -8,11 +8,11 @@ its own role; ASKS blend (``--asks``) reuses the passage's KV computed after bra
 re-rotated and partly recomputed, every branch keeping its own words; ASKS adopt may rewrite a
 branch's role to branch 0's.
 
-The program is ``paraphrase_sc``'s shape: ``rksc_sgl.paraphrase_fork`` forks the open system
-turn into one branch per role and commits the roles' spans and branch 0's full prompt under the
-run's substitution group; each branch samples with its own seed (``programs.sc.branch_seed``) and
-keeps its first token's top log-probabilities (the first-token KL between modes). Answers are
-short phrases, scored and voted on by ``programs.reading``.
+The program is ``programs.paraphrase_sc.paraphrase_program`` with roles for wordings: it forks
+the open system turn into one branch per role and commits the roles' spans and branch 0's full
+prompt under the run's substitution group; each branch samples with its own seed
+(``programs.sc.branch_seed``) and keeps its first token's top log-probabilities (the first-token
+KL between modes). Answers are short phrases, scored and voted on by ``programs.reading``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-import sglang as sgl
 
 from programs.datasets.coqa import ReadingProblem
-from programs.paraphrase_sc import TOP_LOGPROBS, ParaBranch, ask_recompute, read_branch, run_concurrently
+from programs.paraphrase_sc import ParaBranch, paraphrase_program, read_branch, run_concurrently
 from programs.reading import is_correct, short_answer, vote
 from programs.sampling import SamplingConfig
 from programs.sc import branch_seed
-from rksc_sgl.frontend import branch_options, paraphrase_fork, program_key
 
 ROLES = (
     "You are a careful reader who answers questions about a text.",
@@ -63,20 +61,6 @@ def branch_roles(num_branches: int) -> list[str]:
     return [ROLES[b % len(ROLES)] for b in range(num_branches)]
 
 
-@sgl.function
-def role_program(s, roles: list[str], prompt: str, gen_tokens: int, gen_temperature: float, seeds: list[int],
-                 group: str | None = None, recompute: float | None = None):
-    s += sgl.system_begin()
-    group = group or program_key(s.stream_executor)
-    forks = paraphrase_fork(s, roles, sgl.system_end() + sgl.user(prompt) + sgl.assistant_begin(), group=group)
-    for fork, seed in zip(forks, seeds):
-        branch_options(fork, sampling_seed=seed)
-        ask_recompute(fork, group, recompute)
-        fork += sgl.gen("answer", max_tokens=gen_tokens, temperature=gen_temperature,
-                        return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
-    return [(fork["answer"], fork.get_meta_info("answer")) for fork in forks]
-
-
 def result_of(problem: ReadingProblem, outputs) -> ReadingResult:
     """A reading problem's branches (``(text, meta_info)`` per branch) scored and voted on."""
     branches = tuple(read_branch(text, meta, short_answer(text)) for text, meta in outputs)
@@ -88,8 +72,8 @@ def solve(problem: ReadingProblem, index: int, config: SamplingConfig, backend, 
           recompute: float | None = None) -> ReadingResult:
     """One problem; ``group``: the ASKS substitution group (default: this program's own);
     ``recompute``: the blend share its branches ask for (None: the server's)."""
-    state = role_program.run(
-        roles=branch_roles(config.num_branches), prompt=user_prompt(problem.passage, problem.question),
+    state = paraphrase_program.run(  # a role is an opening like a paraphrase: the same program
+        systems=branch_roles(config.num_branches), prompt=user_prompt(problem.passage, problem.question),
         gen_tokens=config.max_new_tokens, gen_temperature=config.temperature,
         seeds=[branch_seed(config.seed, index, b) for b in range(config.num_branches)],
         group=group, recompute=recompute, backend=backend)

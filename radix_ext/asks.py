@@ -52,7 +52,7 @@ from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 logger = logging.getLogger(__name__)
 
 SIG_ATTR = "rksc_asks_signature"  # on a TreeNode: the Signature of the span ending at its end
-DECISION_ATTR = "rksc_asks_decision"  # on a Req: its Decision
+DECISION_ATTR = asks_blend.DECISION_ATTR  # on a Req: its Decision (or blend's BlendDecision)
 # Donor spans are searched this far below the span start: SPAN_REACH times the own span's length,
 # at least MIN_REACH tokens (a donor far longer than the span is no paraphrase of it, and the
 # bound keeps the walk out of the long prompts below the spans).
@@ -300,7 +300,7 @@ def _report(accumulator, *args, req=None, **kwargs):
     """BEFORE the output accumulator takes a request: its decision into ``customized_info``, once,
     when SGLang emits request-level keys (a streamed request's first chunk, else at its finish),
     so decoding steps in between pay one attribute check."""
-    decision = getattr(req, DECISION_ATTR, None) or getattr(req, asks_blend.DECISION_ATTR, None)
+    decision = getattr(req, DECISION_ATTR, None)
     if decision is None or decision.counted or not (req.stream or req.finished()):
         return None
     decision.counted = True
@@ -333,7 +333,7 @@ class AsksState:
     mode: str = "adopt"
     blend: asks_blend.BlendSettings | None = None
     blend_counters: asks_blend.BlendCounters = dataclasses.field(default_factory=asks_blend.BlendCounters)
-    anchors: dict[str, set] = dataclasses.field(default_factory=dict)
+    anchors: dict[str, dict] = dataclasses.field(default_factory=dict)  # group -> {node: None}, oldest first
     cache: Any = None  # the RkscRadixCache holding this state (set by it)
 
     def __post_init__(self) -> None:

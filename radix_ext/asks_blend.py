@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from radix_ext.cpu_attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from rksc_sgl.protocol import AsksOptions
 
 logger = logging.getLogger(__name__)
@@ -54,9 +55,16 @@ MARK_ATTR = "rksc_blend_group"  # on a TreeNode: the group whose request compute
 ANCHOR_ATTR = "rksc_blend_anchor"  # on a TreeNode: (group, end position) of a commit that ended there
 MEMBER_ATTR = "rksc_blend_member"  # on a Req: its group (it marks the nodes it computes)
 OPTIONS_ATTR = "rksc_blend_options"  # on a Req that may blend: its AsksOptions
-DECISION_ATTR = "rksc_blend_decision"  # on a Req: its BlendDecision (reported by radix_ext.asks)
-VIEW_ATTR = "rksc_blend_view"  # on a ForwardBatch during the reduced layers: its BlendView
+# On a Req: its ASKS decision, a BlendDecision here or radix_ext.asks's Decision (which reports both).
+DECISION_ATTR = "rksc_asks_decision"
+PURE_ATTR = "_rksc_pure_rotation"  # on a RotaryEmbedding: (its table, whether it is a pure rotation)
+
 MIN_SEGMENT = 8  # a shorter run below an anchor is a coincidence of common tokens, not a text
+# Bounds on what one group's commits can make the scheduler walk at a member's prefill: anchors
+# kept per group (the oldest dropped first), and anchor children tried per position.
+MAX_ANCHORS_PER_GROUP = 1024
+MAX_HEADS_PER_TOKEN = 32
+MAX_WALKS_PER_REQUEST = 4096  # continuations tried for one member; past it, the rest is computed
 CHECK_LAYERS = 2  # deviation selection: layers computed for every token before choosing
 SELECTORS = ("deviation", "leading")
 
@@ -153,10 +161,14 @@ def on_checkpoint(cache, req, own_start: int) -> None:
         node = node.parent
     end = sum(len(n.key) for n in path)
     if getattr(req, ANCHOR_ATTR, None) is not None and path:
-        anchors = cache.asks.anchors.setdefault(group, set())
+        anchors = cache.asks.anchors.setdefault(group, {})  # insertion-ordered: the oldest first
         if path[0] not in anchors:
-            anchors.add(path[0])
+            anchors[path[0]] = None
             setattr(path[0], ANCHOR_ATTR, (group, end))
+            if len(anchors) > MAX_ANCHORS_PER_GROUP:
+                oldest = next(iter(anchors))
+                del anchors[oldest]
+                setattr(oldest, ANCHOR_ATTR, None)
     for n in path:
         start = end - len(n.key)
         if start < own_start:
@@ -169,7 +181,11 @@ def on_checkpoint(cache, req, own_start: int) -> None:
 def on_delete(cache, node) -> None:
     anchor = getattr(node, ANCHOR_ATTR, None)
     if anchor is not None and cache.asks is not None:
-        cache.asks.anchors.get(anchor[0], set()).discard(node)
+        anchors = cache.asks.anchors.get(anchor[0])
+        if anchors is not None:
+            anchors.pop(node, None)
+            if not anchors:  # a program's group goes with its last anchor
+                del cache.asks.anchors[anchor[0]]
 
 
 def on_split(child, new_node) -> None:
@@ -197,18 +213,22 @@ def _continuation(child, key, pos: int, limit: int, group: str) -> tuple[int, li
 
 
 def find_segments(anchors, key, start: int, limit: int, group: str) -> list[Segment]:
-    """The reusable runs of ``key[start:limit]`` below ``anchors`` (nodes of ``group``), greedy
-    from the left, longest first at each position."""
+    """The reusable runs of ``key[start:limit]`` below ``anchors`` (nodes of ``group``, oldest
+    first), greedy from the left, longest first at each position (of the ``MAX_HEADS_PER_TOKEN``
+    newest anchor children starting with that position's token)."""
     heads: dict[Any, list[tuple[int, Any]]] = {}
-    for anchor in anchors:
+    for anchor in reversed(list(anchors)):
         _group, end = getattr(anchor, ANCHOR_ATTR)
         for child_key, child in anchor.children.items():
             if getattr(child, MARK_ATTR, None) == group:
-                heads.setdefault(child_key, []).append((end, child))
-    segments, pos = [], start
-    while heads and pos + MIN_SEGMENT <= limit:
+                found = heads.setdefault(child_key, [])
+                if len(found) < MAX_HEADS_PER_TOKEN:
+                    found.append((end, child))
+    segments, pos, walks = [], start, 0
+    while heads and pos + MIN_SEGMENT <= limit and walks < MAX_WALKS_PER_REQUEST:
         best = (0, None, None)
         for end, child in heads.get(key.child_key_at(pos), ()):
+            walks += 1
             matched, parts = _continuation(child, key, pos, limit, group)
             if matched > best[0]:
                 best = (matched, parts, end)
@@ -258,12 +278,16 @@ def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:
 
 def pure_rotation(rotary) -> bool:
     """RoPE tables whose rows are rotations (cos^2 + sin^2 = 1) compose by adding positions;
-    scaled tables (YaRN's mscale) do not."""
+    scaled tables (YaRN's mscale) do not. Checked once per table (kept on the module)."""
     table = getattr(rotary, "cos_sin_cache", None)
     if table is None or not hasattr(rotary, "rotary_dim") or not hasattr(rotary, "is_neox_style"):
         return False
-    cos, sin = table[:64].float().chunk(2, dim=-1)
-    return bool(torch.allclose(cos * cos + sin * sin, torch.ones_like(cos), atol=1e-4))
+    checked = getattr(rotary, PURE_ATTR, None)
+    if checked is None or checked[0] is not table:
+        cos, sin = table[:64].float().chunk(2, dim=-1)
+        checked = (table, bool(torch.allclose(cos * cos + sin * sin, torch.ones_like(cos), atol=1e-4)))
+        setattr(rotary, PURE_ATTR, checked)
+    return checked[1]
 
 
 # ---- the forward ---------------------------------------------------------------------------
@@ -354,7 +378,8 @@ def _supported(model, forward_batch, extra_args, kwargs) -> str | None:
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
     stack = model.model
-    if not isinstance(get_attn_backend(), RkscCpuAttnBackend) or get_attn_backend().use_sliding_window_kv_pool:
+    backend = get_attn_backend()
+    if not isinstance(backend, RkscCpuAttnBackend) or backend.use_sliding_window_kv_pool:
         return "attention-backend"
     if exit_requests.any_flagged() and any(p is not None for p in exit_requests.rows_of(forward_batch.rids)):
         return "verification-batch"

@@ -32,7 +32,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 BACKEND_NAME = "rksc_cpu"
-BLEND_VIEW_ATTR = "rksc_blend_view"  # = radix_ext.asks_blend.VIEW_ATTR (that module imports this one)
+BLEND_VIEW_ATTR = "rksc_blend_view"  # on a ForwardBatch reduced by radix_ext.asks_blend: its BlendView
 logger = logging.getLogger(__name__)
 
 

@@ -14,7 +14,7 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from radix_ext import asks_blend, cpu_attention
+from radix_ext import asks_blend
 from radix_ext.asks import AsksState
 from radix_ext.asks_blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
 from radix_ext.asks_gate import Gate
@@ -105,6 +105,13 @@ class TestSegments:
         assert segment.start == len(HEAD + doc_b) + 2 and segment.length == len(doc_a)
         assert segment.delta == segment.start - len(HEAD)
 
+    def test_the_search_stops_at_its_walk_budget(self, monkeypatch):
+        cache = make()
+        donor_tree(cache)
+        request = HEAD + OPEN_B + SHARED + QUESTION
+        monkeypatch.setattr(asks_blend, "MAX_WALKS_PER_REQUEST", 0)
+        assert segments_for(cache, request, len(HEAD + OPEN_B)) == []
+
     def test_a_short_coincidence_is_no_segment(self):
         cache = make()
         donor_tree(cache)
@@ -116,10 +123,19 @@ class TestSegments:
         donor_tree(cache)
         assert cache.asks.anchors[GROUP]
         cache.evict(EvictParams(num_tokens=10_000))
-        assert not cache.asks.anchors[GROUP]
+        assert GROUP not in cache.asks.anchors  # the group goes with its last anchor
         donor_tree(cache)
         cache.reset()
         assert cache.asks.anchors == {}
+
+    def test_a_group_keeps_at_most_its_newest_anchors(self, monkeypatch):
+        monkeypatch.setattr(asks_blend, "MAX_ANCHORS_PER_GROUP", 3)
+        cache = make()
+        for i in range(5):
+            commit(cache, HEAD + [60 + i, 61 + i])
+        kept = list(cache.asks.anchors[GROUP])
+        assert [len(cache.path_device_indices(n)) for n in kept] == [5, 5, 5] and len(kept) == 3
+        assert [n.key.token_ids[0] for n in kept] == [62, 63, 64]  # the oldest two dropped
 
     def test_split_nodes_keep_the_group_mark(self):
         cache = make()
@@ -202,9 +218,6 @@ class TestAttentionFromArbitraryRows:
         q, k, v = torch.randn(2, 1, 8), torch.randn(2, 10, 8), torch.randn(2, 10, 8)
         out = blend_extend_attention(q, k, v, torch.tensor([4]))
         torch.testing.assert_close(out, extend_attention(q, k[:, :5], v[:, :5]))
-
-    def test_the_view_attribute_names_agree(self):
-        assert asks_blend.VIEW_ATTR == cpu_attention.BLEND_VIEW_ATTR
 
 
 class TestOptions:

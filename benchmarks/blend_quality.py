@@ -13,7 +13,7 @@ seed (full computation of the same prompt):
 The run-level columns (vote agreement, accuracy and its interval, wall time) are
 ``benchmarks.bench``'s. ``exact-reseed`` gives the floor of each: two seeds, one prompt.
 
-Work: a blended branch reports in ``meta_info["rksc_asks"][0]`` (``radix_ext.asks_blend``) the
+Work: a blended branch reports in ``meta_info["rksc_asks"][0]`` (``radix_ext.asks.blend``) the
 tokens whose KV it took from a donor and did not recompute (``reused_tokens``) and those a donor
 covered that it recomputed anyway (``recomputed_tokens``); ``blend_work`` sums them per run.
 Blend's reuse is not in SGLang's ``cached_tokens``; the frontend's ``TokenCounters`` subtracts it

@@ -33,7 +33,7 @@ seen, calibration and evaluation, plus the margin; that tau was set with the eva
 controls in view, so its evaluation false-accept rate of 0 is no held-out measure.
 
 Writes ``benchmarks/results/asks_calibration.json`` and the backgrounds (one per pooling) to
-``radix_ext/asks_backgrounds/<model>.pt`` (what ``--asks-background auto`` loads).
+``radix_ext/asks/backgrounds/<model>.pt`` (what ``--asks-background auto`` loads).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import torch
 
 from benchmarks.records import git_commit, machine
 from programs.paraphrases import CALIBRATION, CALIBRATION_CONTROLS, EVAL, EVAL_CONTROLS
-from radix_ext import asks_background
-from radix_ext.asks_gate import layer_weights
+from radix_ext.asks import background as asks_background
+from radix_ext.asks.gate import layer_weights
 
 HEAD = "<|im_start|>system\n"
 # The fixed probe of the ``probe`` signature: the rest of a chat after the span.
@@ -157,7 +157,7 @@ class Data:
 
 def scorer(data: Data, setting: dict, num_layers: int, backgrounds, cache: dict):
     """``score(side, pairs)``: the setting's sigmas on the calibration or evaluation features
-    (``radix_ext.asks_gate.similarity``, from per-layer cosine matrices kept in ``cache``)."""
+    (``radix_ext.asks.gate.similarity``, from per-layer cosine matrices kept in ``cache``)."""
     if setting["signature"] == "probe":
         return lambda side, pairs: [probe_similarity(getattr(data, side)["probe"][i], getattr(data, side)["probe"][j])
                                     for i, j in pairs]
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the evaluation controls' false-accept rate the chosen gate must keep to (else: safe)")
     parser.add_argument("--output", default="benchmarks/results/asks_calibration.json")
     parser.add_argument("--background-output", default=None,
-                        help="default: radix_ext/asks_backgrounds/<model folder name>.pt")
+                        help="default: radix_ext/asks/backgrounds/<model folder name>.pt")
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

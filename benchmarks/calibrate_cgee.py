@@ -13,7 +13,7 @@ On the calibration split, best-of-N candidates are generated exactly as the tabl
 bench's defaults) and verified once at full depth
 with the logit lens on (every layer's entropy and Yes/No log-probabilities). Every candidate
 threshold setting is then replayed offline with the runtime's own rule
-(``radix_ext.exit_rule.first_exit_layer``, the same verdict a real exit returns: the exit layer's
+(``radix_ext.cgee.rule.first_exit_layer``, the same verdict a real exit returns: the exit layer's
 lens distribution), giving its decisions and its cost (verification layers run: a problem's
 candidates form one batch, which runs until its last row exits; a skipped problem runs none).
 CGEE error = decisions that differ from the full-depth verifier's. Among the settings whose

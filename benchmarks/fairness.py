@@ -11,7 +11,7 @@ tokens, greedy) on the idle server, then starts a heavy client that asks for
 it takes, all at once. Once the server queues the heavy work, the light client
 sends ``--light-requests`` requests one after the other and records each latency (a request not
 answered within ``--light-timeout-s`` counts as that many seconds, flagged). Then the heavy
-requests are aborted by rid (their children too, ``radix_ext/abort_children.py``) and the pool
+requests are aborted by rid (their children too, ``radix_ext/stop/abort_children.py``) and the pool
 must settle. One JSON line per configuration is appended to ``benchmarks/results/fairness.jsonl``
 with the commit (``benchmarks.records``), and a summary table is printed last.
 

@@ -3,7 +3,7 @@
 ``no-cache`` and ``exact`` are stock SGLang (radix cache disabled / SGLang's default radix cache
 with LRU); ``exact-again`` is ``exact`` run a second time in each repeat, the A/A control: its ratio
 to ``exact`` is how far two identical runs read apart on the machine, the resolution every other
-mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.backend``) under stock
+mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.eviction.backend``) under stock
 LRU with no mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
 mechanism that has landed; the ``*-only`` modes are the ablations (``asks-only``: ASKS at the
 server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-adoption mode;

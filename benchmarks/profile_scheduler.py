@@ -38,10 +38,10 @@ SCHEDULER_TITLE = "sglang::scheduler"
 # ``mem_cache/memory_pool.py``): those count as the forward's, so "radix cache" is the tree's own
 # work (match, insert, evict, lock), SGLang's or ours, called from the scheduler loop.
 CATEGORIES = (
-    ("sampling", ("/sglang/srt/layers/sampler.py", "/radix_ext/sampler.py", "/radix_ext/seeded_sampling.py")),
-    ("model forward", ("/sglang/srt/model_executor/", "/sglang/srt/models/", "/radix_ext/cpu_attention.py",
-                       "/radix_ext/early_exit.py")),
-    ("radix cache", ("/sglang/srt/mem_cache/", "/radix_ext/backend.py", "/radix_ext/eviction.py")),
+    ("sampling", ("/sglang/srt/layers/sampler.py", "/radix_ext/sampling/sampler.py", "/radix_ext/sampling/seeded.py")),
+    ("model forward", ("/sglang/srt/model_executor/", "/sglang/srt/models/", "/radix_ext/cpu/attention.py",
+                       "/radix_ext/cgee/forward.py")),
+    ("radix cache", ("/sglang/srt/mem_cache/", "/radix_ext/eviction/backend.py", "/radix_ext/eviction/policy.py")),
     ("rksc hooks", ("/radix_ext/",)),
 )
 OTHER = "scheduler loop (other)"

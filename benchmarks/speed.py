@@ -55,10 +55,10 @@ def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:
     return computed / elapsed
 
 
-# "ours" is the default CPU engine (attention backend rksc_cpu, see radix_ext.cpu_attention); "stock"
+# "ours" is the default CPU engine (attention backend rksc_cpu, see radix_ext.cpu.attention); "stock"
 # is the same engine on SGLang's own torch_native backend, which also leaves threads and linears
-# as stock (radix_ext.cpu_speed is applied by rksc_cpu only) and samples with SGLang's sampler;
-# "unseeded" is ours with SGLang's sampler (radix_ext.sampler off).
+# as stock (radix_ext.cpu.speed is applied by rksc_cpu only) and samples with SGLang's sampler;
+# "unseeded" is ours with SGLang's sampler (radix_ext.sampling.sampler off).
 def engine_overrides() -> dict[str, dict]:
     from rksc_sgl.config import RkscConfig
 

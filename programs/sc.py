@@ -84,7 +84,7 @@ def branch_seed(seed: int, problem_index: int, branch: int, step: int = 0) -> in
     """A reproducible sampling seed per (run seed, problem, branch, program step), in [0, 2**63).
 
     Every benchmark mode passes the same four numbers, so with the runtime's seeded sampler
-    (``radix_ext.sampler``) every mode draws the same candidates wherever its logits agree.
+    (``radix_ext.sampling.sampler``) every mode draws the same candidates wherever its logits agree.
     """
     digest = hashlib.blake2b(f"{seed}/{problem_index}/{branch}/{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -131,7 +131,7 @@ def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperatu
 
 def confidence_minima(state, var_name: str, top_k: int, window: int = CONF_WINDOW) -> tuple[tuple[int, float], ...]:
     """The trace-confidence minima of a gen (``top_logprobs_num >= top_k``), as the scheduler's
-    trace stop computes them (``radix_ext.early_stop``), rounded to 4 decimals."""
+    trace stop computes them (``radix_ext.stop.stopper``), rounded to 4 decimals."""
     steps = state.get_meta_info(var_name).get("output_top_logprobs") or []
     confidences = [token_confidence([t[0] for t in step], top_k) for step in steps if step]
     return tuple((k, round(mean, 4)) for k, mean in window_minima(confidences, window))

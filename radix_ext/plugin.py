@@ -3,25 +3,25 @@
 SGLang calls ``load()`` early in the engine process and in each spawned scheduler, before the
 radix cache is built, so registrations made here are visible where the cache is created:
 
-* radix-cache backend ``rksc`` (``radix_ext.backend``), for ``--radix-cache-backend rksc``;
+* radix-cache backend ``rksc`` (``radix_ext.eviction.backend``), for ``--radix-cache-backend rksc``;
 * eviction policy name ``rsbcm`` in SGLang's ``--radix-eviction-policy`` choices (our backend
   builds the strategy; SGLang's own caches do not know the name and fail at start-up);
 * a check of the ``rksc`` entry of ``sampling_params.custom_params`` where SGLang validates
   sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
   scheduler error;
-* the KV pool and cache readbacks (``radix_ext.introspection``, ``radix_ext.stats``) and our
-  series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.metrics``);
+* the KV pool and cache readbacks (``radix_ext.ops.introspection``, ``radix_ext.eviction.stats``) and our
+  series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.ops.metrics``);
 * a refusal (HTTP 400, naming the field and its limit) of requests that would kill, stall or be
   misread by stock SGLang: empty prompts, out-of-range logprob fields, n beyond ``--max-n``
-  (``radix_ext.request_guards``); malformed batch shapes and batches whose prompts x n exceed
-  ``--max-fanout`` (``radix_ext.batch_guards``);
-* an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.abort_children``);
-* CGEE's early-exit verification forward and its request hooks (``radix_ext.early_exit``);
-* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampler``);
-* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``);
+  (``radix_ext.ops.request_guards``); malformed batch shapes and batches whose prompts x n exceed
+  ``--max-fanout`` (``radix_ext.ops.batch_guards``);
+* an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.stop.abort_children``);
+* CGEE's early-exit verification forward and its request hooks (``radix_ext.cgee.forward``);
+* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampling.sampler``);
+* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks.decision``);
 * the confident early stop: trace-confidence stops, group votes and the stamping of ``n > 1``
-  children with their group and own seeds (``radix_ext.early_stop``, ``radix_ext.groups``);
-* the scheduler's freed heap returned to the OS when it is idle (``radix_ext.heap_trim``).
+  children with their group and own seeds (``radix_ext.stop.stopper``, ``radix_ext.stop.groups``);
+* the scheduler's freed heap returned to the OS when it is idle (``radix_ext.cpu.heap_trim``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not
 registered": look for the plugin's traceback above that message. A missing SGLang name we rely
@@ -40,7 +40,9 @@ SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.ver
 def load() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext import cpu_speed, introspection, metrics, stats
+    from radix_ext.cpu import speed as cpu_speed
+    from radix_ext.eviction import stats
+    from radix_ext.ops import introspection, metrics
     from radix_ext.seams import scheduler_seams
     from rksc_sgl import seams
     from rksc_sgl.config import RkscConfig
@@ -53,34 +55,34 @@ def load() -> None:
     HookRegistry.register(SAMPLING_VERIFY_TARGET, _check_branch_tag, HookType.AFTER)
     stats.install()
     metrics.install()
-    from radix_ext import request_guards  # requests that would kill, stall or be misread by SGLang
+    from radix_ext.ops import request_guards  # requests that would kill, stall or be misread by SGLang
 
     request_guards.install(max_n=config.max_n)
-    from radix_ext import batch_guards  # malformed batch shapes; prompts x n beyond --max-fanout
+    from radix_ext.ops import batch_guards  # malformed batch shapes; prompts x n beyond --max-fanout
 
     batch_guards.install(max_fanout=config.max_fanout, max_n=config.max_n)
-    from radix_ext import abort_children  # an abort of an n > 1 request reaches its samples
+    from radix_ext.stop import abort_children  # an abort of an n > 1 request reaches its samples
 
     abort_children.install()
-    from radix_ext import cpu_attention  # attention backend "rksc_cpu": batched CPU decode
+    from radix_ext.cpu import attention  # attention backend "rksc_cpu": batched CPU decode
 
-    cpu_attention.install()
-    from radix_ext import early_exit  # CGEE: verification requests may exit after layer l*
+    attention.install()
+    from radix_ext.cgee import forward  # CGEE: verification requests may exit after layer l*
 
-    early_exit.install()
-    from radix_ext import early_stop, groups
+    forward.install()
+    from radix_ext.stop import groups, stopper
 
     groups.install()  # n > 1 children: their group tag and own seed
-    early_stop.install()  # trace-confidence stops, group votes
-    from radix_ext import heap_trim  # malloc_trim when idle: a fragmented heap's pages go back
+    stopper.install()  # trace-confidence stops, group votes
+    from radix_ext.cpu import heap_trim  # malloc_trim when idle: a fragmented heap's pages go back
 
     heap_trim.install()
     if config.asks:
-        from radix_ext import asks  # ASKS: span signatures, the decision, its report
+        from radix_ext.asks import decision  # ASKS: span signatures, the decision, its report
 
-        asks.install()
+        decision.install()
     if config.seeded_sampling:
-        from radix_ext import sampler  # seeded, batch-invariant sampling on the CPU's backend
+        from radix_ext.sampling import sampler  # seeded, batch-invariant sampling on the CPU's backend
 
         sampler.install(report_margins=config.report_sampling_margins)
     logger.debug("rksc-sgl plugin loaded with %s", config)
@@ -91,8 +93,8 @@ def register_backend() -> None:
     from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
-    from radix_ext.backend import build_cache
-    from radix_ext.eviction import POLICY_NAME
+    from radix_ext.eviction.backend import build_cache
+    from radix_ext.eviction.policy import POLICY_NAME
     from rksc_sgl.config import BACKEND_NAME
 
     if get_radix_cache_factory(BACKEND_NAME) is None:

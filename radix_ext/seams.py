@@ -9,8 +9,13 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext import (abort_children, asks, batch_guards, early_exit, early_stop, exit_requests, groups,
-                           heap_trim, introspection, metrics, plugin, request_guards, sampler)
+    from radix_ext.asks import decision as asks
+    from radix_ext.cgee import forward as early_exit, requests as exit_requests
+    from radix_ext.cpu import heap_trim
+    from radix_ext.ops import batch_guards, introspection, metrics, request_guards
+    from radix_ext.sampling import sampler
+    from radix_ext.stop import abort_children, groups, stopper as early_stop
+    from radix_ext import plugin
 
     return {
         "plugin": (

@@ -14,7 +14,7 @@ sampling_seed=seeds[b])``) makes branch ``b`` draw the same sample whether it ra
 one full fork: the finished branches of an early-stopped run are the full run's first ones, and
 ``replay`` on a full run's answers gives where the rule stops.
 
-With an ``answer_pattern`` (and ``answer_normalize``) the rule runs in the runtime instead (``radix_ext.early_stop``): every
+With an ``answer_pattern`` (and ``answer_normalize``) the rule runs in the runtime instead (``radix_ext.stop.stopper``): every
 branch is launched at once, tagged with one fresh group and the rule as the group's policy; once
 the vote over the branches that finished is decided, the scheduler stops the others, which cost
 only the tokens they had decoded (one round, no program round trips). The branches that finish
@@ -141,7 +141,7 @@ def replay_concurrent(rule: StopRule, answers: Sequence[Hashable | None], tokens
     """The runtime group stop replayed on a full run's branches (answers and completion tokens,
     by index): all start together and decode one token per step, branch ``b`` finishing at step
     ``tokens[b]``; after each step the rule reads the vote over every branch finished so far (as
-    the scheduler does: ``radix_ext.early_stop``), and once it is decided the others stop one
+    the scheduler does: ``radix_ext.stop.stopper``), and once it is decided the others stop one
     token later. ``votes[b]`` False: branch ``b`` ends at ``tokens[b]`` without a vote (a trace
     stop). Returns the tokens decoded in all, and the indices that finished with a vote."""
     n = len(answers)

@@ -9,7 +9,7 @@ one batched ``/generate`` request (``max_new_tokens=1``, greedy, ``token_ids_log
 through the backend's own transport (``frontend.send_generate``), so ``RkscEngineEndpoint``,
 ``RkscEndpoint`` and SGLang's plain ``RuntimeEndpoint`` all work.
 
-Level 2 (in the runtime, ``radix_ext.early_exit``): the request carries ``rksc_early_exit``
+Level 2 (in the runtime, ``radix_ext.cgee.forward``): the request carries ``rksc_early_exit``
 options and the forward stops at the first layer whose logit-lens entropy is low and stable.
 
 A program whose stop rule already decided the vote over its candidates (``rksc_sgl.adaptive``)

@@ -27,7 +27,7 @@ class RkscConfig:
     rsbcm: bool = False  # eviction by branch_score / (depth + 1)
     # Seeded, batch-invariant sampling on SGLang's "pytorch" sampling backend (the CPU's):
     # a request's draws depend only on its logits, its sampling_seed (random if absent) and the
-    # token position (radix_ext.sampler). Off: SGLang's own sampler, which drops seeds on CPU.
+    # token position (radix_ext.sampling.sampler). Off: SGLang's own sampler, which drops seeds on CPU.
     seeded_sampling: bool = True
     # Diagnostics: each sampled token's Gumbel decision margin in meta_info (rksc_sample_margin).
     report_sampling_margins: bool = False
@@ -46,7 +46,7 @@ class RkscConfig:
     cgee_theta: float = 0.1
     cgee_epsilon: float = 0.02
     cgee_min_layer: int = 30
-    # ASKS (radix_ext.asks): a request whose cached opening span means the same as a sibling span
+    # ASKS (radix_ext.asks.decision): a request whose cached opening span means the same as a sibling span
     # of its own substitution group (docs/asks.md) adopts that span's tokens and reuses the KV
     # below it. Gate: weighted cosine of background-centred full hidden states of the span's last
     # token, weights exp(alpha * l / L) over the probed layers, sigma >= tau; tau >= 1 never
@@ -63,13 +63,13 @@ class RkscConfig:
     asks_signature_cap_mb: float = 64.0  # host memory for span signatures; capture stops beyond
     asks_background: str = "auto"  # "auto" (packaged for the model, if any), "none", or a .pt path
     # The most samples one request may ask for (sampling_params.n, OpenAI n): SGLang expands a
-    # request into n queued children, so an unbounded n holds the queue (radix_ext.request_guards).
+    # request into n queued children, so an unbounded n holds the queue (radix_ext.ops.request_guards).
     max_n: int = 64
     # The most generations one request may fan out to: prompts in a batch times n. SGLang queues
-    # them all at once, so an unbounded batch list holds the server (radix_ext.batch_guards).
+    # them all at once, so an unbounded batch list holds the server (radix_ext.ops.batch_guards).
     max_fanout: int = 256
     asks_pooling: str = "last"  # a span's signature: "mean" over its tokens, or its "last" token's state
-    # ASKS's mode (docs/asks.md). "blend" (radix_ext.asks_blend): a request keeps every word; the
+    # ASKS's mode (docs/asks.md). "blend" (radix_ext.asks.blend): a request keeps every word; the
     # KV of its tokens that its group computed after another opening is reused, K re-rotated to
     # the request's positions, and a selected share of them recomputed. "adopt": the gate above
     # rewrites a branch's opening span to a sibling's wording (exact KV, changed prompt).

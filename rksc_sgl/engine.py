@@ -23,7 +23,7 @@ from rksc_sgl.model_cache import resolve_model_path
 # (issue 3's table, stock torch_native: prefill 249 tok/s against 70 in float16, no native
 # half-precision matmul here). The KV pool is capped: SGLang's default sizing takes most of the RAM.
 # "rksc_cpu" is torch_native with batched decode attention, prefix-aware extend, oneDNN linears
-# and a thread policy (radix_ext.cpu_attention, radix_ext.cpu_speed). sleep_on_idle: an idle
+# and a thread policy (radix_ext.cpu.attention, radix_ext.cpu.speed). sleep_on_idle: an idle
 # scheduler otherwise busy-polls a whole core, slowing every engine here.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu",

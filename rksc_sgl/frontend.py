@@ -89,7 +89,7 @@ def branch_options(state, *, sampling_seed: int | None = None, depth: int | None
     """Attach options to every later ``gen`` of one program state (typically a fork).
 
     ``sampling_seed`` makes sampling reproducible whatever the batching and the cache state
-    (our runtime's seeded sampler, ``radix_ext.sampler``; stock SGLang honours it only with
+    (our runtime's seeded sampler, ``radix_ext.sampling.sampler``; stock SGLang honours it only with
     ``--enable-deterministic-inference``, which its CPU path cannot run). ``depth`` is the
     branch's fork level
     (0 for the program's root, 1 for its forks, ...): RSBCM eviction reads it, and
@@ -335,7 +335,7 @@ class RkscEndpoint(RuntimeEndpoint):
         flush_server(self.base_url, timeout_s, post=self._http_post)
 
     def kv_pool(self) -> dict[str, int]:
-        """The scheduler's KV pool accounting in tokens (see ``radix_ext.introspection``)."""
+        """The scheduler's KV pool accounting in tokens (see ``radix_ext.ops.introspection``)."""
         return self.get_server_info()["internal_states"][0][KV_POOL_KEY]
 
     def token_ids(self, text: str) -> list[int]:

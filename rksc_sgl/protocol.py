@@ -16,7 +16,7 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
   (``{"enabled": false}``).
 * ``"rksc_group"`` (``GROUP_KEY``): ``GroupTag`` ``{"id": str, "index": int}``, the group a request
   belongs to (the forks of one program, or the children of one ``n > 1`` request, which the server
-  stamps itself: ``radix_ext.groups``) and its index in it;
+  stamps itself: ``radix_ext.stop.groups``) and its index in it;
 * ``"rksc_conf_stop"`` (``CONF_STOP_KEY``): ``ConfStop`` ``{"window", "top_k", "threshold"}``, a
   trace-confidence stop (DeepConf online): a token's confidence is ``-mean`` of its step's top-k
   log-probabilities, and the request stops once the mean over its last ``window`` tokens is below
@@ -36,13 +36,13 @@ A stopped request (trace confidence, or its group's vote) finishes through SGLan
 with finish reason ``{"type": "abort", "status_code": null, "message": "rksc: ..."}`` (HTTP 200,
 OpenAI ``finish_reason: "abort"``, partial text), and, unless streamed, ``meta_info["rksc_stop"]``
 (``STOP_KEY``): a list with one dict, ``{"reason": "confidence" | "group", "at_token": int,
-...}`` (``radix_ext.early_stop``). A group member refused at creation because its group was
+...}`` (``radix_ext.stop.stopper``). A group member refused at creation because its group was
 already decided gets the same finish reason with ``at_token`` 0.
 
 What comes back: ``meta_info`` keys ``rksc_exit_layer``, ``rksc_entropies``, ``rksc_layers_run``,
 ``rksc_batch_rows``, ``rksc_lens_logprobs`` and ``rksc_layer_calls`` (flagged requests),
 ``SAMPLE_MARGIN_KEY`` (with ``report_sampling_margins``), ``ASKS_KEY`` (a list with one dict: the
-request's ASKS decision, see ``radix_ext.asks``); in the server's internal state,
+request's ASKS decision, see ``radix_ext.asks.decision``); in the server's internal state,
 ``KV_POOL_KEY`` (the KV pool's accounting), ``STATS_KEY`` (cache counters) and ``CGEE_KEY`` (the
 server's CGEE thresholds, its ``--cgee-*`` flags: what ``verify()`` uses when the program passes none).
 
@@ -84,12 +84,12 @@ KV_POOL_KEY = "rksc_kv_pool"
 STATS_KEY = "rksc_cache"
 CGEE_KEY = "rksc_cgee"  # {"tau_conf", "margin", "theta", "epsilon", "min_layer"}
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
-ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks)
+ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks.decision)
 GROUP_KEY = "rksc_group"
 CONF_STOP_KEY = "rksc_conf_stop"
 GROUP_POLICY_KEY = "rksc_group_policy"
-STOP_KEY = "rksc_stop"  # meta_info report of a stopped request (radix_ext.early_stop)
-EARLY_STOP_STATE_KEY = "rksc_early_stop"  # internal state: tracked requests, groups (radix_ext.early_stop)
+STOP_KEY = "rksc_stop"  # meta_info report of a stopped request (radix_ext.stop.stopper)
+EARLY_STOP_STATE_KEY = "rksc_early_stop"  # internal state: tracked requests, groups (radix_ext.stop.stopper)
 STOP_MESSAGE_PREFIX = "rksc: "  # finish_reason.message of a stopped request
 
 

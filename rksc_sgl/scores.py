@@ -2,7 +2,7 @@
 
 The wire format, ``BranchTag``, is in ``rksc_sgl.protocol``.
 
-RSBCM (``radix_ext.eviction``) needs two facts per branch that only the program knows: its fork
+RSBCM (``radix_ext.eviction.policy``) needs two facts per branch that only the program knows: its fork
 level and, once generated or verified, its score. Both travel in SGLang's free-form
 ``sampling_params.custom_params``, which reaches the scheduler's ``Req`` unchanged over HTTP
 (``/generate``) and in-process (``Engine.async_generate``) with no server flag:

@@ -88,7 +88,7 @@ def http_server(module: str, args: list[str], log_dir: Path, env: dict[str, str]
 
 
 def settled_pool(read_pool, timeout_s: float = 60.0) -> dict[str, int]:
-    """``read_pool()`` (a KV pool readback, ``radix_ext.introspection``) once every slot is free or
+    """``read_pool()`` (a KV pool readback, ``radix_ext.ops.introspection``) once every slot is free or
     evictable, i.e. no request holds KV and none leaked; or as it reads at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -103,5 +103,5 @@ def is_settled(pool: dict[str, int]) -> bool:
 
 
 def kv_pool(url: str, timeout_s: float = 30) -> dict[str, int]:
-    """The first scheduler's KV pool readback (``radix_ext.introspection``) over HTTP."""
+    """The first scheduler's KV pool readback (``radix_ext.ops.introspection``) over HTTP."""
     return requests.get(f"{url}/server_info", timeout=timeout_s).json()["internal_states"][0][KV_POOL_KEY]

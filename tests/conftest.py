@@ -12,7 +12,7 @@ from rksc_sgl.servers import http_server
 
 # Small pool: the integration tests need little KV, and a small pool keeps start-up and RAM low.
 TEST_POOL_TOKENS = 16384
-HEAP_TRIM_ENV, TEST_HEAP_TRIM_S = "RKSC_HEAP_TRIM_S", 2  # radix_ext.heap_trim
+HEAP_TRIM_ENV, TEST_HEAP_TRIM_S = "RKSC_HEAP_TRIM_S", 2  # radix_ext.cpu.heap_trim
 
 
 @pytest.fixture(scope="session")

@@ -126,8 +126,8 @@ class TestAdoption:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from benchmarks.calibrate_asks import signatures
-        from radix_ext import asks_background
-        from radix_ext.asks_gate import layer_weights, similarity
+        from radix_ext.asks import background as asks_background
+        from radix_ext.asks.gate import layer_weights, similarity
         from rksc_sgl.config import parse_layers
         from rksc_sgl.model_cache import default_model_path
 

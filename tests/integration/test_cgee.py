@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from radix_ext.early_exit import LAYER_CALL_COUNTER
+from radix_ext.cgee.forward import LAYER_CALL_COUNTER
 from rksc_sgl.protocol import EarlyExitParams
 from rksc_sgl.cgee import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
 from tests.integration.kv import assert_no_kv_leak

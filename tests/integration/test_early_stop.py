@@ -1,4 +1,4 @@
-"""Confident early stop on the real server (``radix_ext.early_stop``): a trace-confidence stop
+"""Confident early stop on the real server (``radix_ext.stop.stopper``): a trace-confidence stop
 through ``/generate`` and through OpenAI ``n > 1`` with ``extra_body``, a group whose vote is
 decided stopping its other members and refusing later ones, the KV pool balancing afterwards,
 and a 400 naming the field for each bad option.

@@ -10,7 +10,7 @@ stock's distribution; the sequence is not compared further (its contexts now dif
 
 The stock reference runs on one OpenMP thread (``OMP_NUM_THREADS=1``): torch's CPU matmuls and
 SDPA split rows, not sums, across threads, so its numbers are the same as with two, and on a
-shared 2-core machine it is ~10x faster (see ``radix_ext.cpu_speed``).
+shared 2-core machine it is ~10x faster (see ``radix_ext.cpu.speed``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import dataclasses
 
 import pytest
 
-from radix_ext.cpu_attention import BACKEND_NAME
+from radix_ext.cpu.attention import BACKEND_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -94,7 +94,7 @@ BAD: list[tuple[str, object, str]] = [
     ("/v1/completions", {"model": "default", "prompt": [[]]}, "empty"),
     ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": "x"}, "max_tokens"),
     ("/v1/completions", {"model": "default", "prompt": [5, 10**9]}, "vocab"),
-    # Request-size fields the scheduler indexes or expands with (radix_ext/request_guards.py); the
+    # Request-size fields the scheduler indexes or expands with (radix_ext/ops/request_guards.py); the
     # first two killed or stalled stock SGLang, the third was silently ignored.
     ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 100000,
                    "sampling_params": {"max_new_tokens": 4}}, "top_logprobs_num must be in [0, 49152]"),
@@ -117,10 +117,10 @@ BAD: list[tuple[str, object, str]] = [
     # An answer pattern is compiled and matched in the scheduler loop: its length is bounded.
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "n": 2, "custom_params": {
         "rksc_group_policy": {"answer_pattern": "a" * 513, "rule": "beta"}}}}, "answer_pattern must be at most 512"),
-    # A request's fan-out, prompts x n, is bounded by --max-fanout (radix_ext/batch_guards.py).
+    # A request's fan-out, prompts x n, is bounded by --max-fanout (radix_ext/ops/batch_guards.py).
     *OVERSIZE,
     ("/generate", {"text": ["hi"] * 5, "sampling_params": {"max_new_tokens": 1, "n": 64}}, "320 generations"),
-    # Malformed batch shapes (radix_ext/batch_guards.py): the first was an HTTP 500, the
+    # Malformed batch shapes (radix_ext/ops/batch_guards.py): the first was an HTTP 500, the
     # logprob_start_len list beside one prompt killed the scheduler, the empty batch was a 200 [].
     ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]},
      "sampling_params has 1 entries for the 2 prompts in text"),
@@ -211,7 +211,7 @@ def test_an_oversize_batch_is_refused_at_once_and_the_next_request_is_served_at_
 
 
 # n > 1 requests dropped mid-way: SGLang runs each sample as a child with a fresh rid, so the
-# parent's abort and the client's disconnect must reach every child (radix_ext/abort_children.py).
+# parent's abort and the client's disconnect must reach every child (radix_ext/stop/abort_children.py).
 # Each child would decode for minutes, far past the pool check's deadline, unless stopped.
 LONG_RUN = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 1.0}
 
@@ -264,7 +264,7 @@ def test_a_client_that_walks_away_from_an_n16_request_leaves_no_child(server_url
 
 
 def test_the_idle_scheduler_gives_its_freed_heap_back(server_url):
-    """``radix_ext.heap_trim``: the scheduler (this server's trim interval is 2 s: tests/conftest.py)
+    """``radix_ext.cpu.heap_trim``: the scheduler (this server's trim interval is 2 s: tests/conftest.py)
     calls ``malloc_trim`` once it has been idle for the interval, and says so in ``/server_info``."""
     assert good(server_url, 0).status_code == 200
     deadline, state = time.monotonic() + 60, {}

@@ -18,7 +18,7 @@ from tests.integration.kv import assert_no_kv_leak
 
 pytestmark = pytest.mark.integration
 
-BACKEND_CLASS = "radix_ext.backend.RkscRadixCache"
+BACKEND_CLASS = "radix_ext.eviction.backend.RkscRadixCache"
 ENGINES = {
     "stock": dict(max_total_tokens=16384),
     "rksc-lru": dict(max_total_tokens=16384, radix_cache_backend="rksc"),

@@ -1,4 +1,4 @@
-"""Seeded sampling on the real engine (``radix_ext.sampler``): a seeded request draws the same
+"""Seeded sampling on the real engine (``radix_ext.sampling.sampler``): a seeded request draws the same
 tokens whatever its batch and whether its prompt was cached; different seeds draw differently;
 the OpenAI-compatible routes' ``seed`` reaches the sampler.
 
@@ -107,7 +107,7 @@ class TestOpenAiSeed:
 
 
 class TestOpenAiSeedWithN:
-    """One ``seed`` with ``n > 1``: every child draws its own sample (``radix_ext.groups``), and the
+    """One ``seed`` with ``n > 1``: every child draws its own sample (``radix_ext.stop.groups``), and the
     same ``n`` samples come back on a second call (the official OpenAI client, against the server)."""
 
     def test_n_4_seed_7_draws_4_distinct_texts_and_the_same_4_again(self, server_url):

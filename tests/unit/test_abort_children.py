@@ -1,4 +1,4 @@
-"""``radix_ext.abort_children``: an abort of an ``n > 1`` request, by its rid or by the client
+"""``radix_ext.stop.abort_children``: an abort of an ``n > 1`` request, by its rid or by the client
 going away, reaches every child (SGLang gives each a fresh rid)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from radix_ext.abort_children import Families, _abort_with_children, _track_children
+from radix_ext.stop.abort_children import Families, _abort_with_children, _track_children
 
 
 class FakeManager:

@@ -101,8 +101,8 @@ NUMBER_TEXTS = (
 
 def scheduler_reading(kind: str, text: str) -> str | None:
     """``text``'s vote as the scheduler reads it: the policy ``programs.sc`` sends, parsed as the
-    server parses it, joined to a registry group and read by ``radix_ext.early_stop._answer``."""
-    from radix_ext import early_stop, groups
+    server parses it, joined to a registry group and read by ``radix_ext.stop.stopper._answer``."""
+    from radix_ext.stop import stopper as early_stop, groups
 
     patterns, normalize = extract_reading(problem(kind))
     wire = {"rksc_group_policy": {"answer_pattern": list(patterns), "answer_normalize": normalize, "rule": "beta"}}
@@ -146,7 +146,7 @@ def test_the_extractors_patterns_fit_a_group_policy():
 
 
 def test_the_group_compiles_its_patterns_once_in_order():
-    from radix_ext import groups
+    from radix_ext.stop import groups
 
     class Member:
         pass

@@ -2,7 +2,7 @@
 K re-rotation against SGLang's own RoPE, and attention from rows at arbitrary positions.
 
 Requests go through the real ``RkscRadixCache.checkpoint`` over fake pools, as in
-``test_backend_tree``; group membership is what ``radix_ext.asks`` registers at creation.
+``test_backend_tree``; group membership is what ``radix_ext.asks.decision`` registers at creation.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from radix_ext import asks_blend
-from radix_ext.asks import AsksState
-from radix_ext.asks_blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
-from radix_ext.asks_gate import Gate
-from radix_ext.backend import RkscRadixCache
-from radix_ext.cpu_attention import blend_extend_attention, extend_attention
+from radix_ext.asks import blend as asks_blend
+from radix_ext.asks.decision import AsksState
+from radix_ext.asks.blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
+from radix_ext.asks.gate import Gate
+from radix_ext.eviction.backend import RkscRadixCache
+from radix_ext.cpu.attention import blend_extend_attention, extend_attention
 from rksc_sgl.protocol import AsksOptions
 from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish
 

@@ -1,4 +1,4 @@
-"""ASKS's gate (``radix_ext.asks_gate``) and its options, on tensors: no engine."""
+"""ASKS's gate (``radix_ext.asks.gate``) and its options, on tensors: no engine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from radix_ext.asks_gate import Gate, Signature, adopts, layer_weights, similarity
+from radix_ext.asks.gate import Gate, Signature, adopts, layer_weights, similarity
 from rksc_sgl.config import RkscConfig, parse_layers
 from rksc_sgl.protocol import AsksOptions
 
@@ -125,7 +125,7 @@ class TestGroupsAndPooling:
             RkscConfig(asks_pooling="max")
 
     def test_background_without_the_pooling_names_the_flag(self, tmp_path):
-        from radix_ext import asks_background
+        from radix_ext.asks import background as asks_background
 
         path = tmp_path / "bg.pt"
         asks_background.save(path, backgrounds={"mean": torch.zeros(3, 4)}, model_fp="fp", model_name="m")

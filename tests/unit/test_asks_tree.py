@@ -1,7 +1,7 @@
 """ASKS on a simulated tree: signature lifetime (split, evict, reset, cap) and decisions.
 
 Requests go through the real ``RkscRadixCache.checkpoint`` over fake pools, as in
-``test_backend_tree``; a span commit's signature is what ``radix_ext.asks_capture`` would leave
+``test_backend_tree``; a span commit's signature is what ``radix_ext.asks.capture`` would leave
 on the request after its prefill.
 """
 
@@ -14,10 +14,11 @@ import pytest
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from radix_ext import asks, asks_capture, stats
-from radix_ext.asks import SIG_ATTR, AsksState, decide
-from radix_ext.asks_gate import Gate
-from radix_ext.backend import RkscRadixCache, asks_state
+from radix_ext.asks import decision as asks, capture as asks_capture
+from radix_ext.eviction import stats
+from radix_ext.asks.decision import SIG_ATTR, AsksState, decide
+from radix_ext.asks.gate import Gate
+from radix_ext.eviction.backend import RkscRadixCache, asks_state
 from rksc_sgl.config import RkscConfig
 from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish, run_request
 
@@ -28,7 +29,7 @@ SPAN_B = [20, 21, 22]  # means the same as A
 SPAN_C = [30, 31, 32]  # does not
 SPAN_A2 = [10, 14, 15]  # shares its first token with A, means the same
 TAIL = list(range(40, 50))
-GROUP, OTHER_GROUP = "program-a", "program-b"  # substitution groups (radix_ext.asks's trust boundary)
+GROUP, OTHER_GROUP = "program-a", "program-b"  # substitution groups (radix_ext.asks.decision's trust boundary)
 
 torch.manual_seed(0)
 MEANING = torch.randn(len(LAYERS), 8)

@@ -20,9 +20,10 @@ from sglang.srt.mem_cache.evict_policy import LFUStrategy, LRUStrategy
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import get_eviction_strategy
 
-from radix_ext import plugin, stats
-from radix_ext.backend import RkscRadixCache, build_cache
-from radix_ext.eviction import RSBCMStrategy, node_depth, node_score
+from radix_ext import plugin
+from radix_ext.eviction import stats
+from radix_ext.eviction.backend import RkscRadixCache, build_cache
+from radix_ext.eviction.policy import RSBCMStrategy, node_depth, node_score
 from rksc_sgl.frontend import branch_options
 from rksc_sgl.protocol import BranchTag
 from rksc_sgl.scores import report_score

@@ -1,4 +1,4 @@
-"""``radix_ext.batch_guards``: a malformed batch shape and a fan-out (prompts x n) beyond
+"""``radix_ext.ops.batch_guards``: a malformed batch shape and a fan-out (prompts x n) beyond
 ``--max-fanout`` are refused with a reason naming the field, on the raw ``/generate`` body, on
 SGLang's normalized request and on OpenAI requests alike."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from radix_ext.batch_guards import (
+from radix_ext.ops.batch_guards import (
     _refuse_bad_body,
     _refuse_bad_request,
     _refuse_openai_fanout,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from radix_ext.stats import cgee_policy
+from radix_ext.eviction.stats import cgee_policy
 from rksc_sgl.config import RkscConfig
 from rksc_sgl.protocol import CGEE_KEY
 from rksc_sgl.cgee import CgeeThresholds

@@ -1,5 +1,5 @@
-"""The CPU fast path on tensors: batched decode attention (``radix_ext.cpu_attention``), the thread
-policy and the oneDNN linears (``radix_ext.cpu_speed``).
+"""The CPU fast path on tensors: batched decode attention (``radix_ext.cpu.attention``), the thread
+policy and the oneDNN linears (``radix_ext.cpu.speed``).
 
 References: a float64 softmax(q k^T) v per request, and SGLang's own ``torch_native`` decode loop
 (``TestSGLangContract``: if stock's routine changes underneath, the comparison says so).
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from radix_ext import cpu_attention
-from radix_ext.cpu_attention import BACKEND_NAME, RkscCpuAttnBackend, DecodeSlots, batched_decode_attention
-from radix_ext.cpu_speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_onednn_linears
+from radix_ext.cpu import attention as cpu_attention
+from radix_ext.cpu.attention import BACKEND_NAME, RkscCpuAttnBackend, DecodeSlots, batched_decode_attention
+from radix_ext.cpu.speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_onednn_linears
 
 HEAD_DIM = 64
 POOL_SLOTS = 20000  # room for 32 requests of up to MAX_CONTEXT tokens

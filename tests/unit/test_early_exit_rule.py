@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.calibrate_cgee import exit_layers
-from radix_ext.exit_rule import first_exit_layer, lens_entropy
+from radix_ext.cgee.rule import first_exit_layer, lens_entropy
 from rksc_sgl.protocol import EXIT_KEY as PARAMS_KEY
 from rksc_sgl.protocol import EarlyExitParams
 
@@ -100,7 +100,7 @@ class TestRequestOptions:
             EarlyExitParams.from_custom_params({PARAMS_KEY: {"full_depth": True, "layers": 3}})
 
 
-# SHA-256 prefixes of the SGLang 0.5.23 functions whose body radix_ext.early_exit._lens_forward
+# SHA-256 prefixes of the SGLang 0.5.23 functions whose body radix_ext.cgee.forward._lens_forward
 # copies (the layer loop, final norm and logits processor call).
 PINNED = {
     "LlamaModel.forward": "d02b894a8afcbf3f",
@@ -115,7 +115,7 @@ class TestPinnedSglangCode:
         for name, fn in (("LlamaModel.forward", LlamaModel.forward), ("LlamaForCausalLM.forward", LlamaForCausalLM.forward)):
             source = inspect.getsource(inspect.unwrap(fn))
             digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-            assert digest == PINNED[name], f"SGLang changed {name}: re-check radix_ext.early_exit._lens_forward"
+            assert digest == PINNED[name], f"SGLang changed {name}: re-check radix_ext.cgee.forward._lens_forward"
 
     def test_kv_release_still_honours_skip_radix_cache_insert(self):
         from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
@@ -193,7 +193,7 @@ class TestBatchIsolation:
     """``PrefillAdder.add_one_req`` (AROUND): flagged and ordinary requests never share a prefill."""
 
     def admit(self, adder, req):
-        from radix_ext.exit_requests import _same_batch_class
+        from radix_ext.cgee.requests import _same_batch_class
 
         calls = []
         result = _same_batch_class(lambda a, r, *args: calls.append(r) or "admitted", adder, req, False, None)
@@ -218,7 +218,7 @@ class TestRequestCheck:
     def check(self, custom_params, max_new_tokens=1):
         from types import SimpleNamespace
 
-        from radix_ext.exit_requests import _check_request
+        from radix_ext.cgee.requests import _check_request
 
         return _check_request(None, SimpleNamespace(custom_params=custom_params, max_new_tokens=max_new_tokens))
 
@@ -249,7 +249,7 @@ class TestTensorParallelRefusal:
     def flag(self, custom_params, tp_size):
         from types import SimpleNamespace
 
-        from radix_ext.exit_requests import _flag_request, params_of
+        from radix_ext.cgee.requests import _flag_request, params_of
 
         req = self.Req(custom_params)
         _flag_request(req, SimpleNamespace(tp_size=tp_size), None)

@@ -20,8 +20,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from radix_ext.backend import RkscRadixCache, score_path, tag_own_nodes
-from radix_ext.eviction import RSBCMStrategy, importance
+from radix_ext.eviction.backend import RkscRadixCache, score_path, tag_own_nodes
+from radix_ext.eviction.policy import RSBCMStrategy, importance
 from rksc_sgl.protocol import BranchTag
 
 

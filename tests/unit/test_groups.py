@@ -1,4 +1,4 @@
-"""``radix_ext.groups``: the children of an ``n > 1`` request get one group, their own index and
+"""``radix_ext.stop.groups``: the children of an ``n > 1`` request get one group, their own index and
 their own seed; the scheduler's group registry is bounded and expires; answers are extracted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from radix_ext import groups
+from radix_ext.stop import groups
 from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
 from rksc_sgl.stop_rules import compile_pattern, read_answer
 
@@ -120,7 +120,7 @@ class TestOneStepsFinishers:
 
     @staticmethod
     def finish_in_one_step(order, monkeypatch, reason=None):
-        from radix_ext import early_stop
+        from radix_ext.stop import stopper as early_stop
 
         class Tokenizer:
             def decode(self, ids, skip_special_tokens=True):

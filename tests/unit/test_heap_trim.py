@@ -1,4 +1,4 @@
-"""The scheduler's idle heap trim (``radix_ext.heap_trim``): when it trims, what it reports, and
+"""The scheduler's idle heap trim (``radix_ext.cpu.heap_trim``): when it trims, what it reports, and
 the glibc behaviour it exists for."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from radix_ext import heap_trim
-from radix_ext.heap_trim import BUSY_FACTOR, HeapTrimmer
+from radix_ext.cpu import heap_trim
+from radix_ext.cpu.heap_trim import BUSY_FACTOR, HeapTrimmer
 
 
 class FakeClock:
@@ -68,7 +68,7 @@ def test_a_bad_interval_names_the_variable(monkeypatch):
 
 FRAGMENT = """
 import json, random, torch
-from radix_ext import heap_trim
+from radix_ext.cpu import heap_trim
 rng, keep = random.Random(0), []
 base = heap_trim.resident_anonymous_bytes()
 for _ in range(400):

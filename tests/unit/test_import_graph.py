@@ -49,8 +49,8 @@ def test_the_scheduler_side_imports_only_the_protocol_and_config_of_the_client_s
 
 def test_the_graph_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from radix_ext.stats import KEY\n")
-    assert "radix_ext.stats" in imported_modules(module)
+    module.write_text("def f():\n    from radix_ext.eviction.stats import KEY\n")
+    assert "radix_ext.eviction.stats" in imported_modules(module)
 
 
 def test_the_protocol_and_the_stop_rules_import_neither_torch_nor_sglang():

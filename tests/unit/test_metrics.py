@@ -1,4 +1,4 @@
-"""``radix_ext.metrics``: our totals become Prometheus counters, published as deltas."""
+"""``radix_ext.ops.metrics``: our totals become Prometheus counters, published as deltas."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import REGISTRY
 
-from radix_ext import metrics
-from radix_ext.asks import Counters
-from radix_ext.asks_blend import BlendCounters
+from radix_ext.ops import metrics
+from radix_ext.asks.decision import Counters
+from radix_ext.asks.blend import BlendCounters
 
 
 def value(name: str, **labels) -> float:

@@ -1,5 +1,5 @@
 """The oneDNN primitive caches are capped in every process that loads our plugin
-(``radix_ext.cpu_speed.cap_onednn_caches``): a linear of every row count a server's forwards bring
+(``radix_ext.cpu.speed.cap_onednn_caches``): a linear of every row count a server's forwards bring
 must not leave a primitive each behind."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import subprocess
 import sys
 import textwrap
 
-from radix_ext import cpu_speed
+from radix_ext.cpu import speed as cpu_speed
 
 # A fresh interpreter (each library reads its capacity once), oneDNN linears of SmolLM2-135M's
 # four shapes at every row count 1..256 (~1,000 primitives), RssAnon growth in MB after a trim.
 PROBE = textwrap.dedent("""
     import ctypes, json, sys
     if sys.argv[1] == "capped":
-        from radix_ext.cpu_speed import cap_onednn_caches
+        from radix_ext.cpu.speed import cap_onednn_caches
         cap_onednn_caches()
     import torch
 

@@ -7,9 +7,9 @@ from benchmarks import profile_scheduler as prof
 SP = "/x/site-packages"
 RAW = "\n".join([
     f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);event_loop ({SP}/sglang/srt/managers/scheduler.py:9);match_prefix ({SP}/sglang/srt/mem_cache/radix_cache.py:300) 30",
-    f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);evict (/repo/radix_ext/backend.py:80);get_priority (/repo/radix_ext/eviction.py:40) 10",
+    f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);evict (/repo/radix_ext/eviction/backend.py:80);get_priority (/repo/radix_ext/eviction/policy.py:40) 10",
     f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);forward ({SP}/sglang/srt/model_executor/model_runner.py:5);linear ({SP}/torch/nn/functional.py:1) 50",
-    f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);_after_batch (/repo/radix_ext/early_stop.py:200) 5",
+    f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);_after_batch (/repo/radix_ext/stop/stopper.py:200) 5",
     f"run (s.py:1);Scheduler.event_loop_overlap (s.py:2);forward ({SP}/sglang/srt/model_executor/m.py:5);set_kv_buffer ({SP}/sglang/srt/mem_cache/memory_pool.py:9) 7",
     f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);forward ({SP}/sglang/srt/model_executor/model_runner.py:5);sample ({SP}/sglang/srt/layers/sampler.py:7) 3",
     f"run (scheduler.py:1);Scheduler.event_loop_overlap (s.py:2);recv_requests ({SP}/sglang/srt/managers/scheduler.py:50);cat ({SP}/torch/functional.py:3) 2",
@@ -33,7 +33,7 @@ def test_the_summary_counts_the_event_loops_seconds_and_the_caches_busiest_frame
                                               "sampling": 0.3, prof.OTHER: 0.2}
     assert summary["share_by_category"]["radix cache"] == round(40 / 107, 4)
     assert [f["seconds"] for f in summary["top_cache_frames"]] == [3.0, 1.0]
-    assert "eviction.py" in summary["top_cache_frames"][1]["frame"]
+    assert "eviction/policy.py" in summary["top_cache_frames"][1]["frame"]
 
 
 @pytest.mark.parametrize("argv, flag", [(["--limit", "0"], "--limit"), (["--rate", "0"], "--rate"),

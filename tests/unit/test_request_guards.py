@@ -1,4 +1,4 @@
-"""``radix_ext.request_guards``: requests refused with a ValueError (HTTP 400) that names the
+"""``radix_ext.ops.request_guards``: requests refused with a ValueError (HTTP 400) that names the
 field and its limit, before they reach a scheduler they would kill, a queue they would hold or a
 route that would drop them without a word."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from radix_ext.request_guards import (
+from radix_ext.ops.request_guards import (
     _refuse_best_of,
     _refuse_unservable_request,
     check_logprob_fields,

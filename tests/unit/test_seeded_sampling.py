@@ -1,4 +1,4 @@
-"""Seeded Gumbel-max sampling (``radix_ext.seeded_sampling``): the hash, the distribution, and
+"""Seeded Gumbel-max sampling (``radix_ext.sampling.seeded``): the hash, the distribution, and
 batch invariance, on tensors (no engine)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from radix_ext import seeded_sampling as ss
+from radix_ext.sampling import seeded as ss
 
 M = 0xFFFFFFFF
 

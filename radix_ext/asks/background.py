@@ -1,9 +1,9 @@
-"""The background mean ASKS's gate centres signatures on, per model (see ``radix_ext.asks_gate``).
+"""The background mean ASKS's gate centres signatures on, per model (see ``radix_ext.asks.gate``).
 
 ``benchmarks.calibrate_asks`` writes it: the mean signature of its calibration instructions at
 every layer, one per pooling (``--asks-pooling``: mean over the span, or its last token), with the model's fingerprint (a hash of its final norm's weights, which any two
 checkpoints of different weights tell apart). ``--asks-background auto`` loads the packaged file
-whose fingerprint matches the served model (``radix_ext/asks_backgrounds/``), ``none`` uses raw
+whose fingerprint matches the served model (``radix_ext/asks/backgrounds/``), ``none`` uses raw
 cosines, and a path loads that file (refused if its fingerprint is another model's).
 """
 
@@ -17,7 +17,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-PACKAGED = Path(__file__).parent / "asks_backgrounds"
+PACKAGED = Path(__file__).parent / "backgrounds"
 
 
 def fingerprint(norm_weight: torch.Tensor) -> str:

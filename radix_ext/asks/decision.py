@@ -18,7 +18,7 @@ The decision runs once per request, when the scheduler creates it (an AFTER hook
 splits, locks or access-time updates):
 
 1. walk the request's tokens down the tree; the fully matched nodes carrying a signature
-   (``radix_ext.asks_capture``) of the request's group are its own spans, deepest first, each
+   (``radix_ext.asks.capture``) of the request's group are its own spans, deepest first, each
    with tokens after it;
 2. donors of a span [s, e) (``s``: where its commit left the cached prefix): other nodes signed
    for the same group below position ``s`` of the path (so they share ``ids[:s]``), outside the
@@ -26,7 +26,7 @@ splits, locks or access-time updates):
    ``s``, whose subtree continues with the request's ``ids[e:]`` for at least
    ``asks_min_tail`` tokens; a donor replaces ``ids[s:e]`` with its path's tokens from ``s`` to
    its end;
-3. the gate (``radix_ext.asks_gate``) on the own and each donor signature; the passing donor with
+3. the gate (``radix_ext.asks.gate``) on the own and each donor signature; the passing donor with
    the highest sigma is adopted.
 
 Skipped (kept as sent, reported with the reason): requests without a group, requests that opt out
@@ -45,8 +45,9 @@ import time
 from array import array
 from typing import Any
 
-from radix_ext import asks_blend, asks_capture, exit_requests
-from radix_ext.asks_gate import Gate, Signature, adopts
+from radix_ext.asks import blend as asks_blend, capture as asks_capture
+from radix_ext.cgee import requests as exit_requests
+from radix_ext.asks.gate import Gate, Signature, adopts
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 
 logger = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ def _skip_reason(req, recv_req, options: AsksOptions | None) -> str | None:
 
 
 def _on_create(req, scheduler, recv_req, *args, **kwargs):
-    from radix_ext.backend import RkscRadixCache
+    from radix_ext.eviction.backend import RkscRadixCache
 
     cache = scheduler.tree_cache
     if not isinstance(cache, RkscRadixCache) or cache.asks is None or cache.disable:
@@ -284,7 +285,7 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
 
 def _register_blend(req, options: AsksOptions | None, reason: str | None, state: "AsksState") -> None:
     """Blend mode: a prefill-only commit of a group leaves an anchor; a generating member may
-    blend at its prefill (``radix_ext.asks_blend``); a member that cannot says why."""
+    blend at its prefill (``radix_ext.asks.blend``); a member that cannot says why."""
     if reason is None and req.sampling_params.max_new_tokens == 0:
         asks_blend.register_commit(req, options.group)
     elif reason is None:
@@ -345,7 +346,7 @@ def install() -> None:
     """Hooks of the scheduler process (``radix_ext.plugin`` calls this when ``asks`` is on)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext.early_exit import TARGETS
+    from radix_ext.cgee.forward import TARGETS
 
     HookRegistry.register(CREATE_REQ, _on_create, HookType.AFTER)
     HookRegistry.register(ACCEPT_TARGET, _report, HookType.BEFORE)

@@ -1,4 +1,4 @@
-"""Our sampler in SGLang's scheduler: seeded, batch-invariant draws (``radix_ext.seeded_sampling``).
+"""Our sampler in SGLang's scheduler: seeded, batch-invariant draws (``radix_ext.sampling.seeded``).
 
 Stock SGLang 0.5.23 honours ``sampling_seed`` only under ``--enable-deterministic-inference``,
 which the CPU path cannot run (it refuses ``torch_native``-family attention, its batch-invariant
@@ -29,7 +29,7 @@ import secrets
 
 import torch
 
-from radix_ext import seeded_sampling
+from radix_ext.sampling import seeded as seeded_sampling
 
 BACKEND = "pytorch"
 SEED_TARGET = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.adjusted_from_schedule_batch"

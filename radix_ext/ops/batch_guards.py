@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from radix_ext.request_guards import (
+from radix_ext.ops.request_guards import (
     COMPLETION_VALIDATE_TARGET,
     CONTRACT_TARGET,
     PARALLEL_SAMPLING_TARGET,

@@ -8,13 +8,13 @@ An AFTER hook on ``SchedulerInternalStateController.get_internal_state`` (instal
 * for ``RkscRadixCache``: ``score_reports`` (requests that carried a score since the last
   flush) and ``nodes``, a list of ``[depth, score, num_tokens]`` aggregated over the tree (depth
   and score null where unset);
-* with ASKS on, ``asks``: its counters (``radix_ext.asks.Counters``: decisions by outcome, reused
+* with ASKS on, ``asks``: its counters (``radix_ext.asks.decision.Counters``: decisions by outcome, reused
   tokens, signatures and their bytes), the bytes the live nodes really hold, tau and layers.
 
 The same hook adds ``rksc_cgee``: the server's CGEE thresholds (``--cgee-*``), which is where
 every client's ``verify()`` reads them when the program passes none (``rksc_sgl.cgee``).
 
-Evicted-token totals are in ``rksc_kv_pool`` (``radix_ext.introspection``). Only meaningful
+Evicted-token totals are in ``rksc_kv_pool`` (``radix_ext.ops.introspection``). Only meaningful
 while no request runs.
 """
 
@@ -24,7 +24,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from radix_ext.introspection import TARGET as STATE_TARGET  # the same readback hook point
+from radix_ext.ops.introspection import TARGET as STATE_TARGET  # the same readback hook point
 from rksc_sgl.config import RkscConfig
 from rksc_sgl.protocol import CGEE_KEY
 from rksc_sgl.protocol import STATS_KEY as KEY
@@ -32,7 +32,7 @@ from rksc_sgl.protocol import STATS_KEY as KEY
 
 def node_metadata(cache) -> list[list[Any]]:
     """``[depth, score, num_tokens]`` per distinct (depth, score) over the tree's nodes."""
-    from radix_ext.eviction import node_depth, node_score
+    from radix_ext.eviction.policy import node_depth, node_score
 
     tokens: dict[tuple, int] = collections.Counter()
     stack = list(cache.root_node.children.values())
@@ -46,7 +46,7 @@ def node_metadata(cache) -> list[list[Any]]:
 
 def live_signature_bytes(cache) -> int:
     """ASKS signature bytes held by the tree's nodes (what ``signature_bytes`` must equal)."""
-    from radix_ext.asks import SIG_ATTR
+    from radix_ext.asks.decision import SIG_ATTR
 
     total, stack = 0, list(cache.root_node.children.values())
     while stack:
@@ -58,7 +58,7 @@ def live_signature_bytes(cache) -> int:
 
 
 def cache_stats(cache) -> dict[str, Any]:
-    from radix_ext.backend import RkscRadixCache
+    from radix_ext.eviction.backend import RkscRadixCache
 
     stats = {
         "cache_class": f"{type(cache).__module__}.{type(cache).__qualname__}",
@@ -68,7 +68,7 @@ def cache_stats(cache) -> dict[str, Any]:
         stats["score_reports"] = cache.score_reports
         stats["nodes"] = node_metadata(cache)
         if cache.asks is not None:
-            from radix_ext.asks_capture import CAPTURE_SECONDS
+            from radix_ext.asks.capture import CAPTURE_SECONDS
 
             stats["asks"] = {**dataclasses.asdict(cache.asks.counters), "capture_seconds": CAPTURE_SECONDS[0],
                              "live_signature_bytes": live_signature_bytes(cache),

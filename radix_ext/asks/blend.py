@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from radix_ext.cpu_attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
+from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from rksc_sgl.protocol import AsksOptions
 
 logger = logging.getLogger(__name__)
@@ -372,8 +372,8 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
 
 def _supported(model, forward_batch, extra_args, kwargs) -> str | None:
     """Why this batch cannot be reduced (None: it can)."""
-    from radix_ext import early_exit, exit_requests
-    from radix_ext.cpu_attention import RkscCpuAttnBackend
+    from radix_ext.cgee import forward as early_exit, requests as exit_requests
+    from radix_ext.cpu.attention import RkscCpuAttnBackend
 
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -427,7 +427,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
-    from radix_ext.early_exit import _stack_forwards
+    from radix_ext.cgee.forward import _stack_forwards
 
     stack = model.model
     layers = list(range(stack.start_layer, stack.end_layer))
@@ -493,7 +493,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
 def _finish(model, input_ids, hidden, forward_batch, stack):
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
-    from radix_ext.early_exit import _stack_forwards
+    from radix_ext.cgee.forward import _stack_forwards
 
     norm_kwargs = _stack_forwards()[type(stack).forward]
     hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)
@@ -526,7 +526,7 @@ _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksSt
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext.early_exit import TARGETS
+    from radix_ext.cgee.forward import TARGETS
 
     for target in TARGETS:
         HookRegistry.register(target, around_forward, HookType.AROUND)

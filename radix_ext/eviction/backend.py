@@ -3,7 +3,7 @@
 Registered as radix-cache backend ``rksc`` (``radix_ext.plugin``), selected with
 ``--radix-cache-backend rksc``. Under any stock eviction policy it is SGLang's ``RadixCache``
 plus metadata that nothing reads; ``--radix-eviction-policy rsbcm`` evicts by
-``radix_ext.eviction.RSBCMStrategy``, and so does ``RkscConfig(rsbcm=True)`` (``--rsbcm``), which
+``radix_ext.eviction.policy.RSBCMStrategy``, and so does ``RkscConfig(rsbcm=True)`` (``--rsbcm``), which
 implies the backend.
 
 Where the metadata comes from (wire format: ``rksc_sgl.scores``): every request may carry a
@@ -25,13 +25,13 @@ Overrides of RadixCache, each pinned by ``tests/unit/test_backend_tree.py``:
   score;
 * ``reset``: clears the report counter (the metadata lives on nodes and goes with them).
 
-With ASKS on (``--asks``, ``radix_ext.asks``), ``asks`` holds the gate and counters, and:
+With ASKS on (``--asks``, ``radix_ext.asks.decision``), ``asks`` holds the gate and counters, and:
 
-* ``checkpoint`` also moves a span commit's signature (``radix_ext.asks_capture``) onto the node
+* ``checkpoint`` also moves a span commit's signature (``radix_ext.asks.capture``) onto the node
   that ends at the span's end, unless that node has one or the signature cap is reached;
 * ``_split_node`` leaves the signature on the lower node, which still ends where the span ends;
 * ``_delete_leaf`` (eviction) and ``reset`` release signature bytes with their nodes; evicted
-  tokens are tallied scored / unscored for ``radix_ext.metrics``.
+  tokens are tallied scored / unscored for ``radix_ext.ops.metrics``.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
-from radix_ext import asks_blend, asks_capture
-from radix_ext.asks import SIG_ATTR, AsksState
-from radix_ext.eviction import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
-from radix_ext.metrics import EVICTED_TOKENS
+from radix_ext.asks import blend as asks_blend, capture as asks_capture
+from radix_ext.asks.decision import SIG_ATTR, AsksState
+from radix_ext.eviction.policy import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
+from radix_ext.ops.metrics import EVICTED_TOKENS
 from rksc_sgl.config import RkscConfig, parse_layers
 from rksc_sgl.protocol import BranchTag
 
@@ -190,8 +190,8 @@ def build_cache(ctx: Any) -> RkscRadixCache:
 
 def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
     """ASKS's gate for the served model (layers, background) and its counters."""
-    from radix_ext import asks_background
-    from radix_ext.asks_gate import Gate
+    from radix_ext.asks import background as asks_background
+    from radix_ext.asks.gate import Gate
 
     if ctx.tp_size > 1:
         raise ValueError("--asks needs --tp-size 1: each rank would capture a shard's signatures and could "

@@ -29,7 +29,7 @@ class Signature:
     layers: tuple[int, ...]
     start: int  # absolute token position of the span's first token
     length: int
-    group: str | None = None  # the substitution group of the commit that computed it (radix_ext.asks)
+    group: str | None = None  # the substitution group of the commit that computed it (radix_ext.asks.decision)
 
     @property
     def end(self) -> int:
@@ -69,7 +69,7 @@ class Gate:
     layers: tuple[int, ...]
     num_layers: int
     background: torch.Tensor | None = None  # [len(layers), hidden] float32, or None
-    pooling: str = "mean"  # how radix_ext.asks_capture pools a span: "mean" or "last" (its last token)
+    pooling: str = "mean"  # how radix_ext.asks.capture pools a span: "mean" or "last" (its last token)
     weights: torch.Tensor = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

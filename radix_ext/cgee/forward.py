@@ -3,7 +3,7 @@
 An AROUND hook on ``LlamaForCausalLM.forward`` (Llama-3, Mistral, Falcon3, SmolLM2: SGLang runs them
 all with its Llama classes) and on ``Qwen2ForCausalLM.forward`` (Qwen2, Qwen2.5), whose decoder
 stacks SGLang writes the same way, sends every batch to SGLang's own forward unless
-a row of an EXTEND batch carries ``rksc_early_exit`` options (``radix_ext.exit_requests``). Such a
+a row of an EXTEND batch carries ``rksc_early_exit`` options (``radix_ext.cgee.requests``). Such a
 batch runs ``_lens_forward``: the layer loop of ``LlamaModel.forward``, which after each layer
 reads the residual stream's full hidden state at each flagged row's last token
 (``residual_batch.snapshot``, no side effect), applies the final norm and the LM head (the logit
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from radix_ext import exit_requests
-from radix_ext.exit_rule import lens_entropy
-from radix_ext.metrics import EXIT_ROWS
+from radix_ext.cgee import requests as exit_requests
+from radix_ext.cgee.rule import lens_entropy
+from radix_ext.ops.metrics import EXIT_ROWS
 from rksc_sgl.protocol import EarlyExitParams
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ CALLS_ATTR = "rksc_layer_calls"
 LAYER_CALL_COUNTER = {
     "name": "rksc_layer_calls",
     "target_modules": ["model.layers.[0-9]", "model.layers.[0-9][0-9]", "model.layers.[0-9][0-9][0-9]"],
-    "hook_factory": "radix_ext.early_exit:count_layer_calls",
+    "hook_factory": "radix_ext.cgee.forward:count_layer_calls",
 }
 
 

@@ -1,17 +1,17 @@
-"""ASKS signatures captured while a span is prefilled (installed by ``radix_ext.asks``).
+"""ASKS signatures captured while a span is prefilled (installed by ``radix_ext.asks.decision``).
 
 A *span* is what a prefill-only request (``max_new_tokens = 0``, as a program's span commit or
 ``fork`` prefix) computes itself: its tokens after the cached prefix it found, in one prefill
 chunk. For such a request (registered here by rid when it is created), a BEFORE hook on the
 model's forward (the ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` entries of
-``radix_ext.early_exit.TARGETS``) puts a capture plan on the EXTEND ``ForwardBatch``: the rows
+``radix_ext.cgee.forward.TARGETS``) puts a capture plan on the EXTEND ``ForwardBatch``: the rows
 of the batch's flat token dimension that are each request's span. PyTorch forward hooks on the
 probed decoder layers (registered once per model) then read the layer's full hidden state
 (``residual_batch.snapshot``: output plus residual stream, no side effect) and pool it over
 each span's rows (the gate's ``pooling``: their mean, or the last row). Nothing is read or written for batches without a plan, and the model's
-computation is never changed. ``radix_ext.backend`` moves the finished signature onto the tree
+computation is never changed. ``radix_ext.eviction.backend`` moves the finished signature onto the tree
 node that ends at the span's end at the request's checkpoint. Only commits that carry a
-substitution group are registered (``radix_ext.asks``), and the signature records that group.
+substitution group are registered (``radix_ext.asks.decision``), and the signature records that group.
 
 A chunked span (its prefill split over several forwards) gets no signature: a mean over its last
 chunk would not describe it. Neither does a commit that computes fewer than ``MIN_SPAN_TOKENS``
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from radix_ext.asks_gate import Signature
+from radix_ext.asks.gate import Signature
 
 PLAN_ATTR = "rksc_asks_plan"  # on a ForwardBatch: list[_Pending]
 PENDING_ATTR = "rksc_asks_pending"  # on a Req: its _Pending until checkpoint
@@ -35,7 +35,7 @@ HOOKED_ATTR = "_rksc_asks_hooked"  # on a model: its layer hooks are registered
 # A commit of a span that is already cached computes only its last token: that is no span.
 MIN_SPAN_TOKENS = 2
 
-CAPTURE_SECONDS = [0.0]  # time spent pooling signatures in this process (read by radix_ext.stats)
+CAPTURE_SECONDS = [0.0]  # time spent pooling signatures in this process (read by radix_ext.eviction.stats)
 # rid -> Req of every live prefill-only request whose span is to be captured.
 _capturing: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 

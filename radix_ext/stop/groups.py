@@ -1,5 +1,5 @@
 """Request groups: the tokenizer stamps the children of an ``n > 1`` request; the scheduler keeps
-each group's vote (``radix_ext.early_stop`` acts on it).
+each group's vote (``radix_ext.stop.stopper`` acts on it).
 
 **Children of ``n > 1``.** SGLang expands such a request in ``TokenizerManager.
 _handle_batch_request``: per prompt one warm-up request (``max_new_tokens = 0``), then ``n``

@@ -1,6 +1,6 @@
 """Which requests take the early-exit forward, and the guarantees they get around it.
 
-Three SGLang seams, one small hook each (installed by ``radix_ext.early_exit.install``):
+Three SGLang seams, one small hook each (installed by ``radix_ext.cgee.forward.install``):
 
 * ``SamplingParams.verify`` (AFTER, tokenizer process): a malformed ``rksc_early_exit`` entry, or
   one on a request that may generate more than one token, is rejected before it reaches the

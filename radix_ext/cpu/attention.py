@@ -256,7 +256,7 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
 def create_backend(model_runner) -> RkscCpuAttnBackend:
     """SGLang's factory call, in the scheduler once the model is loaded: also applies the CPU
     speed settings of ``radix_ext.cpu_speed`` (thread policy, oneDNN linears)."""
-    from radix_ext.cpu_speed import ThreadPolicy, use_onednn_linears
+    from radix_ext.cpu.speed import ThreadPolicy, use_onednn_linears
 
     model = getattr(model_runner, "model", None)
     if model is not None:

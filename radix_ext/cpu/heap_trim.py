@@ -10,7 +10,7 @@ in random order, resident memory after five passes grew 638, 777, 855, 890 and 9
 ``malloc_trim(0)`` after each pass it stayed at 458-468 MB, each call taking 16-100 ms. In the
 server (``benchmarks.soak`` at b41f8e0, 30 minutes of unbroken load) each of its 6 trims released
 23-31 MB; the scheduler's steady growth beside them was oneDNN's primitive caches, now capped
-(``radix_ext/cpu_speed.py``).
+(``radix_ext/cpu/speed.py``).
 
 **What.** An AFTER hook on ``Scheduler.on_idle`` calls ``malloc_trim(0)`` once the scheduler is
 fully idle and ``interval_s`` passed since the last trim; an AFTER hook on
@@ -136,7 +136,7 @@ def _add_state(result, controller, *args, **kwargs):
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext import introspection
+    from radix_ext.ops import introspection
 
     global trimmer
     try:

@@ -34,8 +34,6 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
-
 
 def load() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -43,7 +41,7 @@ def load() -> None:
     from radix_ext.cpu import speed as cpu_speed
     from radix_ext.eviction import stats
     from radix_ext.ops import introspection, metrics
-    from radix_ext.seams import scheduler_seams
+    from radix_ext.seams import SAMPLING_VERIFY_TARGET, scheduler_seams
     from rksc_sgl import seams
     from rksc_sgl.config import RkscConfig
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+# The plugin's own hook target, where it checks a request's rksc entries: the plugin imports it
+# from here, so these seams never import the plugin (which imports them).
+SAMPLING_VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 _RADIX = "sglang.srt.mem_cache.radix_cache.RadixCache"
 _TORCH_NATIVE = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
 _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
@@ -15,11 +18,10 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
     from radix_ext.ops import batch_guards, introspection, metrics, request_guards
     from radix_ext.sampling import sampler
     from radix_ext.stop import abort_children, groups, stopper as early_stop
-    from radix_ext import plugin
 
     return {
         "plugin": (
-            plugin.SAMPLING_VERIFY_TARGET,
+            SAMPLING_VERIFY_TARGET,
             "sglang.srt.plugins.hook_registry.HookRegistry.register",
             "sglang.srt.mem_cache.registry.register_radix_cache_backend",
             "sglang.srt.mem_cache.registry.get_radix_cache_factory",

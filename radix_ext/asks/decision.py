@@ -234,10 +234,8 @@ def _skip_reason(req, recv_req, options: AsksOptions | None) -> str | None:
 
 
 def _on_create(req, scheduler, recv_req, *args, **kwargs):
-    from radix_ext.eviction.backend import RkscRadixCache
-
-    cache = scheduler.tree_cache
-    if not isinstance(cache, RkscRadixCache) or cache.asks is None or cache.disable:
+    cache = scheduler.tree_cache  # ASKS's state is on our cache (RkscRadixCache.asks); stock caches have none
+    if getattr(cache, "asks", None) is None or cache.disable:
         return None
     started = time.perf_counter()
     try:

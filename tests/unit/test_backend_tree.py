@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.evict_policy import LFUStrategy, LRUStrategy
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import get_eviction_strategy
 
-from radix_ext import plugin
+from radix_ext import plugin, seams
 from radix_ext.eviction import stats
 from radix_ext.eviction.backend import RkscRadixCache, build_cache
 from radix_ext.eviction.policy import RSBCMStrategy, node_depth, node_score
@@ -372,7 +372,7 @@ class TestSGLangContract:
         assert decoded.custom_params == {"rksc": {"depth": 1, "score": 0.5}}
 
     def test_hook_targets_and_registry_calls_exist(self):
-        for target in (stats.STATE_TARGET, plugin.SAMPLING_VERIFY_TARGET):
+        for target in (stats.STATE_TARGET, seams.SAMPLING_VERIFY_TARGET):
             assert callable(pkgutil.resolve_name(target)), target
         from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
 

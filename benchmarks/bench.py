@@ -183,7 +183,7 @@ def run_mode(mode, args, data) -> dict[str, dict]:
 def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict]:
     """Start one engine for ``mode``, warm it up and run the workload once on every dataset of ``data``."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     workload, settings = args.workload_obj, args.settings
     if mode.seed_offset:  # exact-reseed: the same run under another seed base

@@ -24,7 +24,7 @@ from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import StopRule
 from rksc_sgl.cgee import Candidate, CgeeThresholds, VerifyResult
-from rksc_sgl.frontend import TokenCounters
+from rksc_sgl.counters import TokenCounters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         variants[name] = CgeeThresholds(float(tau), float(margin), float(theta), float(eps), int(min_layer))
 
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     command = "python -m benchmarks.bon_verify " + " ".join(sys.argv[1:] if argv is None else argv)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

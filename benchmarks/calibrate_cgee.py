@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             records = [r for r in json.load(f) if r["dataset"] in datasets]
     else:
         from rksc_sgl.engine import launch_engine
-        from rksc_sgl.frontend import RkscEngineEndpoint
+        from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
         backend = RkscEngineEndpoint(launch_engine(log_level="error"))
         try:

@@ -39,7 +39,7 @@ import requests
 from benchmarks.load import LoadSettings, prompts
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
-from rksc_sgl.frontend import RkscEndpoint
+from rksc_sgl.endpoint import RkscEndpoint
 
 RESULTS = Path("benchmarks/results/faults.jsonl")
 KILL_WAIT_S = 60.0  # how long after --kill-after the kill waits for the victim to hold work

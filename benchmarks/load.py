@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
-from rksc_sgl.frontend import RkscEndpoint
+from rksc_sgl.endpoint import RkscEndpoint
 
 RESULTS = Path("benchmarks/results/load.jsonl")
 

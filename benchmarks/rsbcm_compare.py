@@ -56,7 +56,7 @@ def run_mode(name: str, problems, cfg: TotConfig, pool_tokens: int, log_level: s
              rsbcm_config: dict[str, Any] | None = None, **server: Any) -> dict[str, Any]:
     """One engine, one tree-of-thoughts run over ``problems``; a plain dict of what it measured."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     mode = MODES["exact"] if name == "uncapped" else MODES[name]
     if mode.rksc.rsbcm and rsbcm_config:

@@ -29,7 +29,7 @@ RESULTS = Path("benchmarks/results/scaleout.jsonl")
 def run_policy(cluster: Cluster, policy: str, problems, exemplars, args) -> dict:
     from programs.sampling import SamplingConfig
     from programs.sc import run_branches
-    from rksc_sgl.frontend import RkscEndpoint
+    from rksc_sgl.endpoint import RkscEndpoint
 
     cluster.flush()
     url = cluster.start_router(policy)

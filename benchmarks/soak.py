@@ -97,7 +97,7 @@ class Traffic:
 
     def program(self, rng: random.Random) -> str:
         from programs.sc import sc_program
-        from rksc_sgl.frontend import RkscEndpoint
+        from rksc_sgl.endpoint import RkscEndpoint
 
         state = sc_program.run(rng.choice(self.questions), 4, self.settings.max_new_tokens, 0.7,
                                [rng.randrange(2**62) for _ in range(4)], backend=RkscEndpoint(self.url))
@@ -106,7 +106,7 @@ class Traffic:
     def paraphrase(self, rng: random.Random) -> str:
         from programs.paraphrase_sc import paraphrase_program
         from programs.paraphrases import EVAL
-        from rksc_sgl.frontend import RkscEndpoint
+        from rksc_sgl.endpoint import RkscEndpoint
 
         systems = rng.sample(list(EVAL.paraphrases), 4)
         state = paraphrase_program.run(systems=systems, prompt=rng.choice(self.questions),

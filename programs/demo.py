@@ -115,7 +115,7 @@ def timed(backend, run) -> Timed:
 def run_engine(name: str, rksc, workloads: dict, args) -> dict[str, object]:
     """Start one engine, run every workload on it in turn, shut it down."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     start = time.perf_counter()
     engine = launch_engine(args.model_path, rksc=rksc, log_level="error", max_total_tokens=args.max_total_tokens)

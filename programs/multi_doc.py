@@ -26,7 +26,8 @@ from programs.paraphrase_sc import TOP_LOGPROBS, run_concurrently
 from programs.role_sc import ReadingResult, result_of
 from programs.sampling import SamplingConfig
 from programs.sc import branch_seed
-from rksc_sgl.frontend import add_custom_params, branch_options, share_chunks
+from rksc_sgl.primitives import share_chunks
+from rksc_sgl.program_state import add_custom_params, branch_options
 from rksc_sgl.protocol import AsksOptions
 
 NUM_DOCS = 4

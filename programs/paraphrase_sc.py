@@ -31,7 +31,8 @@ from programs.datasets import Problem, extract_answer
 from programs.paraphrases import EVAL
 from programs.sampling import SamplingConfig
 from programs.sc import branch_seed, majority_vote, user_prompt
-from rksc_sgl.frontend import add_custom_params, branch_options, paraphrase_fork, program_key
+from rksc_sgl.primitives import paraphrase_fork
+from rksc_sgl.program_state import add_custom_params, branch_options, program_key
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 
 TOP_LOGPROBS = 20  # of each branch's first token: the first-token KL between modes

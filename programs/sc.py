@@ -22,7 +22,7 @@ import sglang as sgl
 from programs.datasets import Problem, extract_answer, extract_reading, format_question
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import adaptive_fork
-from rksc_sgl.frontend import add_custom_params, branch_options
+from rksc_sgl.program_state import add_custom_params, branch_options
 from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
 from rksc_sgl.protocol import GROUP_POLICY_KEY, STOP_KEY, ConfStop

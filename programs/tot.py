@@ -34,7 +34,7 @@ import sglang as sgl
 
 from programs.datasets import Problem, extract_answer, format_question
 from programs.sc import SYSTEM_PROMPT, branch_seed, majority_vote
-from rksc_sgl.frontend import branch_options
+from rksc_sgl.program_state import branch_options
 from rksc_sgl.scores import report_score
 
 INSTRUCTION = "Solve the problem step by step, one short step per line."

@@ -13,16 +13,16 @@ _EXPORTS = {
     "RkscConfig": "rksc_sgl.config",
     "launch_engine": "rksc_sgl.engine",
     "default_model_path": "rksc_sgl.model_cache",
-    "RkscEngineEndpoint": "rksc_sgl.frontend",
-    "RkscEndpoint": "rksc_sgl.frontend",
+    "RkscEngineEndpoint": "rksc_sgl.engine_endpoint",
+    "RkscEndpoint": "rksc_sgl.endpoint",
     # Program primitives: per-branch options (seed, depth, score), paraphrase forks and shared
     # chunks (ASKS), scores,
     # verification (a Candidate's token log-probabilities come from token_logprobs; CgeeThresholds.load reads
     # a calibration file). No export shares its name with a module (a submodule import would
     # replace the export in this namespace).
-    "branch_options": "rksc_sgl.frontend",
-    "paraphrase_fork": "rksc_sgl.frontend",
-    "share_chunks": "rksc_sgl.frontend",
+    "branch_options": "rksc_sgl.program_state",
+    "paraphrase_fork": "rksc_sgl.primitives",
+    "share_chunks": "rksc_sgl.primitives",
     "report_score": "rksc_sgl.scores",
     "Candidate": "rksc_sgl.cgee",
     "CgeeThresholds": "rksc_sgl.cgee",

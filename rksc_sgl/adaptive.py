@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from rksc_sgl.program_state import add_custom_params
 from rksc_sgl.protocol import GroupPolicy, GroupTag, stopped_by_runtime
 from rksc_sgl.stop_rules import RULES, decide
 
@@ -214,8 +215,6 @@ def _stopped(state) -> bool:
 
 
 def _fork_in_runtime(s, num_branches: int, rule: StopRule, body, answer, policy: GroupPolicy) -> AdaptiveForks:
-    from rksc_sgl.frontend import add_custom_params  # SGLang's frontend, only where a program runs
-
     group_id = uuid.uuid4().hex  # fresh per call: no other program's votes can reach this group
     forks = s.fork(num_branches)
     for branch, fork in enumerate(forks):

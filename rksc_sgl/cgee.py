@@ -6,7 +6,7 @@ candidate is scored by the verifier prompt, its own conversation followed by a u
 whether the solution is correct, so the runtime's radix cache already holds all but that short
 turn. The score is P(Yes) normalised over the Yes/No tokens of the first answer token, read from
 one batched ``/generate`` request (``max_new_tokens=1``, greedy, ``token_ids_logprob``) sent
-through the backend's own transport (``frontend.send_generate``), so ``RkscEngineEndpoint``,
+through the backend's own transport (``primitives.send_generate``), so ``RkscEngineEndpoint``,
 ``RkscEndpoint`` and SGLang's plain ``RuntimeEndpoint`` all work.
 
 Level 2 (in the runtime, ``radix_ext.cgee.forward``): the request carries ``rksc_early_exit``
@@ -133,7 +133,7 @@ def verdict_token_ids(backend) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The single-token spellings of Yes and No in the backend's vocabulary."""
     cached = getattr(backend, "_rksc_verdict_ids", None)
     if cached is None:
-        from rksc_sgl.frontend import token_ids  # imports SGLang's frontend: not for CgeeThresholds
+        from rksc_sgl.primitives import token_ids  # imports SGLang's frontend: not for CgeeThresholds
 
         encoded = [[token_ids(backend, w) for w in words] for words in (YES_WORDS, NO_WORDS)]
         cached = tuple(tuple(sorted({ids[0] for ids in spellings if len(ids) == 1})) for spellings in encoded)
@@ -208,7 +208,7 @@ def verify(backend, candidates: Sequence[Candidate], *, mode: str = "cgee",
         "token_ids_logprob": list(verdict_ids),
     }
     start = time.perf_counter()
-    from rksc_sgl.frontend import send_generate
+    from rksc_sgl.primitives import send_generate
 
     outputs = send_generate(backend, body)
     elapsed = time.perf_counter() - start

@@ -49,7 +49,7 @@ from typing import Iterator
 import requests
 
 from rksc_sgl import servers
-from rksc_sgl.frontend import flush_server
+from rksc_sgl.endpoint import flush_server
 
 ROUTER_ENV = "RKSC_ROUTER_PYTHON"
 FRONT_VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-front" / "bin" / "python"

@@ -26,7 +26,8 @@ malformed entry is refused with a 400 naming the field (check installed by ``rad
 
 from __future__ import annotations
 
-from rksc_sgl.frontend import branch_tag, send_generate
+from rksc_sgl.primitives import send_generate
+from rksc_sgl.program_state import branch_tag
 from rksc_sgl.protocol import BranchTag
 
 

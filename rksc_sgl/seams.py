@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Client side, checked where each is first used: the frontend backends (rksc_sgl.frontend, before
+# Client side, checked where each is first used: the frontend backends (rksc_sgl.program_state, before
 # the fork fix is installed) and the engine wrapper (rksc_sgl.engine, when its class is built).
 CLIENT: dict[str, tuple[str, ...]] = {
     "frontend backends": (

@@ -19,7 +19,7 @@ HEAP_TRIM_ENV, TEST_HEAP_TRIM_S = "RKSC_HEAP_TRIM_S", 2  # radix_ext.cpu.heap_tr
 def engine_backend():
     """An ``RkscEngineEndpoint`` over a stock-configured in-process engine (radix cache on, LRU)."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     backend = RkscEngineEndpoint(launch_engine(max_total_tokens=TEST_POOL_TOKENS, log_level="error"))
     yield backend

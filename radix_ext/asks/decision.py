@@ -8,7 +8,7 @@ and counted (``cache_stats``).
 
 **The trust boundary** (``docs/asks.md``): a request adopts only from its own substitution group,
 the ``group`` of its ``custom_params["rksc_asks"]`` (``rksc_sgl.protocol.AsksOptions``), which a
-program's span-commit primitive declares (``rksc_sgl.frontend.paraphrase_fork``). Only a span
+program's span-commit primitive declares (``rksc_sgl.primitives.paraphrase_fork``). Only a span
 commit that carries a group is signed, its signature records the group, and a request considers
 only the signed spans of its own group, its own spans and donors alike. A request without a group
 is never rewritten (``skipped:no-group``); SGLang's own ``fork()`` prefix commits carry none.

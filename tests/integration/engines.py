@@ -21,7 +21,7 @@ class Engines:
         if name != self.name:
             self.close()
             from rksc_sgl.engine import launch_engine
-            from rksc_sgl.frontend import RkscEngineEndpoint
+            from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
             self.backend = RkscEngineEndpoint(launch_engine(log_level="error", **self.configs[name]))
             self.name = name

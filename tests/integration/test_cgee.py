@@ -30,7 +30,7 @@ _blockers = itertools.count()
 def backend():
     """An engine whose decoder layers count their calls (SGLang's ``forward_hooks``)."""
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     b = RkscEngineEndpoint(launch_engine(max_total_tokens=16384, log_level="error",
                                          forward_hooks=[LAYER_CALL_COUNTER]))
@@ -216,7 +216,7 @@ class TestVerifyPrimitive:
         assert_no_kv_leak(backend)
 
     def test_works_over_http_with_rksc_endpoint(self, server_url):
-        from rksc_sgl.frontend import RkscEndpoint
+        from rksc_sgl.endpoint import RkscEndpoint
 
         endpoint = RkscEndpoint(server_url)
         result = verify(endpoint, self.CANDIDATES[:2], mode="cgee", thresholds=self.ALWAYS_VERIFY)
@@ -250,7 +250,7 @@ class TestServerPolicy:
     CANDIDATES = TestVerifyPrimitive.CANDIDATES[:2]
 
     def test_http_clients_verify_with_the_servers_thresholds(self, policy_server_url):
-        from rksc_sgl.frontend import RkscEndpoint
+        from rksc_sgl.endpoint import RkscEndpoint
 
         endpoint = RkscEndpoint(policy_server_url)
         assert CgeeThresholds.of_server(endpoint) == SERVER_POLICY  # reachable through the API
@@ -258,7 +258,7 @@ class TestServerPolicy:
         assert not result.skipped and result.exit_layers == (4, 4) and result.layers_run == (4, 4)
 
     def test_a_programs_own_thresholds_override_the_servers(self, policy_server_url):
-        from rksc_sgl.frontend import RkscEndpoint
+        from rksc_sgl.endpoint import RkscEndpoint
 
         endpoint = RkscEndpoint(policy_server_url)
         own = CgeeThresholds(tau_conf=1.0, margin=1.0, theta=20.0, epsilon=20.0, min_layer=6)

@@ -28,7 +28,7 @@ class TestRadixSharing:
         question = "Name three colours of the rainbow, and explain where rainbows come from."
         metas = forked_answers.run(question=question, num_branches=4, backend=engine_backend).ret_value
         assert len(metas) == 4
-        # fork() first sends the prompt as a zero-token request (rksc_sgl.frontend makes sure of it
+        # fork() first sends the prompt as a zero-token request (rksc_sgl.program_state makes sure of it
         # even on a fresh state), so every branch finds all but its assistant header cached.
         assert all(m["cached_tokens"] >= m["prompt_tokens"] - 5 for m in metas), metas
 
@@ -120,7 +120,7 @@ class TestTwoEngines:
 
     def test_an_endpoints_shutdown_leaves_none_of_its_engines_tasks_pending(self):
         from rksc_sgl.engine import launch_engine
-        from rksc_sgl.frontend import RkscEngineEndpoint
+        from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
         endpoint = RkscEngineEndpoint(launch_engine(max_total_tokens=2048, log_level="error"))
         try:

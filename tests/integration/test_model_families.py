@@ -48,7 +48,7 @@ def tiny_checkpoint(architecture: str, folder) -> str:
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def family(request, tmp_path_factory):
     from rksc_sgl.engine import launch_engine
-    from rksc_sgl.frontend import RkscEngineEndpoint
+    from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
     path = tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     backend = RkscEngineEndpoint(launch_engine(path, max_total_tokens=4096, log_level="error"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from rksc_sgl.frontend import ROUTING_KEY_HEADER
+from rksc_sgl.program_state import ROUTING_KEY_HEADER
 from rksc_sgl.launch_router import cluster
 from tests.conftest import TEST_POOL_TOKENS
 
@@ -72,7 +72,7 @@ def test_a_new_program_goes_to_the_worker_with_no_program_in_flight(routed):
 def test_forking_programs_through_the_router_reuse_their_prompt(routed):
     from programs.sampling import SamplingConfig
     from programs.sc import run_branches
-    from rksc_sgl.frontend import RkscEndpoint
+    from rksc_sgl.endpoint import RkscEndpoint
     from programs.datasets import load
 
     url, c = routed

@@ -12,7 +12,7 @@ import pytest
 import sglang as sgl
 
 from rksc_sgl import RkscConfig, report_score
-from rksc_sgl.frontend import branch_options
+from rksc_sgl.program_state import branch_options
 from tests.integration.engines import Engines
 from tests.integration.kv import assert_no_kv_leak
 

@@ -24,7 +24,7 @@ from radix_ext import plugin, seams
 from radix_ext.eviction import stats
 from radix_ext.eviction.backend import RkscRadixCache, build_cache
 from radix_ext.eviction.policy import RSBCMStrategy, node_depth, node_score
-from rksc_sgl.frontend import branch_options
+from rksc_sgl.program_state import branch_options
 from rksc_sgl.protocol import BranchTag
 from rksc_sgl.scores import report_score
 

@@ -138,7 +138,7 @@ def test_repeat_r_starts_at_mode_r_mod_m():
 
 def test_run_all_rotates_engines_and_keeps_each_repeat_per_mode(monkeypatch):
     import benchmarks.bench as bench
-    from rksc_sgl.frontend import TokenCounters
+    from rksc_sgl.counters import TokenCounters
 
     ran = []
 
@@ -159,7 +159,7 @@ def test_run_all_rotates_engines_and_keeps_each_repeat_per_mode(monkeypatch):
 
 
 def test_token_counters_subtract_a_phase_field_by_field():
-    from rksc_sgl.frontend import TokenCounters
+    from rksc_sgl.counters import TokenCounters
 
     total, reference = TokenCounters(10, 1000, 600, 50), TokenCounters(4, 300, 250, 4)
     own = total - reference

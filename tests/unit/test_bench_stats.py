@@ -81,7 +81,7 @@ def test_adaptive_rows_set_the_runtime_saving_beside_the_replay_of_the_same_rule
     from benchmarks.bench import adaptive_columns
     from benchmarks.modes import MODES
     from benchmarks.workloads import WorkloadRun
-    from rksc_sgl.frontend import TokenCounters
+    from rksc_sgl.counters import TokenCounters
 
     full = WorkloadRun(["A", "B"], [True, False], [["A"] * 3 + ["B"] * 3, ["A", "B", "C", "B", "B", "B"]],
                        branch_tokens=[[10] * 6, [20] * 6])

@@ -60,7 +60,7 @@ class TestBlendWork:
         assert blend_work(run([branch()]))["asks_reused_tokens"] is None
 
     def test_the_frontends_prefill_count_leaves_out_blends_reused_tokens(self):
-        from rksc_sgl.frontend import TokenCounters
+        from rksc_sgl.counters import TokenCounters
 
         counters = TokenCounters()
         counters.add({"prompt_tokens": 1000, "cached_tokens": 100,

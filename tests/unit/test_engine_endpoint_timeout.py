@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from rksc_sgl.frontend import RkscEngineEndpoint
+from rksc_sgl.engine_endpoint import RkscEngineEndpoint
 
 
 def fake_engine(tmp_path):

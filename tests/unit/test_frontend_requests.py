@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from rksc_sgl.frontend import RkscEndpoint, branch_options, program_key
+from rksc_sgl.endpoint import RkscEndpoint
+from rksc_sgl.program_state import branch_options, program_key
 from rksc_sgl.scores import report_score
 
 

@@ -10,7 +10,8 @@ import threading
 import pytest
 import sglang as sgl
 
-from rksc_sgl.frontend import ROUTING_KEY_HEADER, RkscEndpoint
+from rksc_sgl.endpoint import RkscEndpoint
+from rksc_sgl.program_state import ROUTING_KEY_HEADER
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):

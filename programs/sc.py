@@ -25,7 +25,7 @@ from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.program_state import add_custom_params, branch_options
 from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
-from rksc_sgl.protocol import GROUP_POLICY_KEY, STOP_KEY, ConfStop
+from rksc_sgl.stop_options import GROUP_POLICY_KEY, STOP_KEY, ConfStop
 from rksc_sgl.stop_rules import token_confidence, window_minima
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems step by step."

@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from rksc_sgl.program_state import add_custom_params
-from rksc_sgl.protocol import GroupPolicy, GroupTag, stopped_by_runtime
+from rksc_sgl.stop_options import GroupPolicy, GroupTag, stopped_by_runtime
 from rksc_sgl.stop_rules import RULES, decide
 
 NAMES = ("none", *RULES)

@@ -30,7 +30,8 @@ from typing import Any
 
 
 from rksc_sgl import stop_rules
-from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
+from rksc_sgl.protocol import child_seed
+from rksc_sgl.stop_options import GROUP_KEY, GroupPolicy, GroupTag
 
 SEND_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._send_one_request"
 SAMPLING_VERIFY = "sglang.srt.sampling.sampling_params.SamplingParams.verify"

@@ -46,8 +46,8 @@ from typing import Any
 from radix_ext.cgee import requests as exit_requests
 from radix_ext.stop import groups
 from radix_ext.ops import introspection
-from rksc_sgl.protocol import (CONF_STOP_KEY, EARLY_STOP_STATE_KEY, GROUP_POLICY_KEY, STOP_KEY, STOP_MESSAGE_PREFIX,
-                               ConfStop, GroupPolicy, GroupTag)
+from rksc_sgl.stop_options import (CONF_STOP_KEY, EARLY_STOP_STATE_KEY, GROUP_POLICY_KEY, STOP_KEY, STOP_MESSAGE_PREFIX,
+                                   ConfStop, GroupPolicy, GroupTag)
 from rksc_sgl import stop_rules
 from rksc_sgl.stop_rules import WindowConfidence, should_stop_trace, token_confidence
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from rksc_sgl import servers
-from rksc_sgl.protocol import EARLY_STOP_STATE_KEY, STOP_KEY, STOP_MESSAGE_PREFIX
+from rksc_sgl.stop_options import EARLY_STOP_STATE_KEY, STOP_KEY, STOP_MESSAGE_PREFIX
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from programs.datasets import Problem, extract_answer, extract_reading
 from programs.datasets.answers import ANSWER_PATTERNS, LETTER_PATTERNS, NUMBER_PATTERNS
-from rksc_sgl.protocol import ANSWER_PATTERNS_MAX, GroupPolicy, GroupTag
+from rksc_sgl.stop_options import ANSWER_PATTERNS_MAX, GroupPolicy, GroupTag
 from rksc_sgl.stop_rules import answer_normalizer, compile_pattern, read_answer
 
 

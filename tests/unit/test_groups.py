@@ -8,7 +8,8 @@ import re
 import pytest
 
 from radix_ext.stop import groups
-from rksc_sgl.protocol import GROUP_KEY, GroupPolicy, GroupTag, child_seed
+from rksc_sgl.protocol import child_seed
+from rksc_sgl.stop_options import GROUP_KEY, GroupPolicy, GroupTag
 from rksc_sgl.stop_rules import compile_pattern, read_answer
 
 

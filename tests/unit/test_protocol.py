@@ -33,7 +33,7 @@ class TestStopOptions:
         ({"window": 8, "top_k": 3, "threshold": 1, "tau": 2}, "unknown field"),
     ])
     def test_a_bad_confidence_stop_names_the_field(self, entry, field):
-        from rksc_sgl.protocol import ConfStop
+        from rksc_sgl.stop_options import ConfStop
 
         with pytest.raises(ValueError, match=field):
             ConfStop.from_custom_params({"rksc_conf_stop": entry})
@@ -61,13 +61,13 @@ class TestStopOptions:
         ({"answer_pattern": "x", "rule": "esc", "answer_normalize": 1}, "answer_normalize must be"),
     ])
     def test_a_bad_group_policy_names_the_field(self, entry, field):
-        from rksc_sgl.protocol import GroupPolicy
+        from rksc_sgl.stop_options import GroupPolicy
 
         with pytest.raises(ValueError, match=field):
             GroupPolicy.from_custom_params({"rksc_group_policy": entry})
 
     def test_a_group_policy_takes_an_ordered_list_of_patterns_and_a_normalisation(self):
-        from rksc_sgl.protocol import GroupPolicy
+        from rksc_sgl.stop_options import GroupPolicy
 
         entry = {"answer_pattern": ["answer is (\\d+)", "\\d+"], "rule": "beta", "answer_normalize": "number"}
         policy = GroupPolicy.from_custom_params({"rksc_group_policy": entry})
@@ -82,13 +82,13 @@ class TestStopOptions:
         ({"id": "g"}, "rksc_group needs"),
     ])
     def test_a_bad_group_tag_names_the_field(self, entry, field):
-        from rksc_sgl.protocol import GroupTag
+        from rksc_sgl.stop_options import GroupTag
 
         with pytest.raises(ValueError, match=field):
             GroupTag.from_custom_params({"rksc_group": entry})
 
     def test_each_option_round_trips_through_custom_params(self):
-        from rksc_sgl.protocol import ConfStop, GroupPolicy, GroupTag
+        from rksc_sgl.stop_options import ConfStop, GroupPolicy, GroupTag
 
         for option in (ConfStop(8, 3, 1.5), GroupPolicy(r"(\d+)", "beta", confidence=0.9), GroupTag("g", 2)):
             assert type(option).from_custom_params(option.to_custom_params({"x": 1})) == option

@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.verbose:
         quiet_third_parties()
-    from benchmarks.bon_verify import solve_batch as bon_batch, summarize
-    from benchmarks.workloads import EXEMPLAR_POOL
+    from benchmarks.bench.bon_verify import solve_batch as bon_batch, summarize
+    from benchmarks.bench.workloads import EXEMPLAR_POOL
     from programs import paraphrase_sc, sc, tot
     from programs.bon import candidate_tokens
     from programs.datasets import load

@@ -125,7 +125,7 @@ class TestAdoption:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from benchmarks.calibrate_asks import signatures
+        from benchmarks.calibration.calibrate_asks import signatures
         from radix_ext.asks import background as asks_background
         from radix_ext.asks.gate import layer_weights, similarity
         from rksc_sgl.config import parse_layers

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import load
+from benchmarks.serving import load
 
 pytestmark = pytest.mark.integration
 

@@ -133,7 +133,7 @@ def test_the_scheduler_reads_the_answers_the_extractor_reads():
 
 
 def test_the_benchmark_records_the_answers_the_scheduler_reads():
-    from benchmarks.workloads import policy_answer
+    from benchmarks.bench.workloads import policy_answer
 
     for kind, texts in (("letter", LETTER_TEXTS), ("number", NUMBER_TEXTS)):
         assert [policy_answer(problem(kind), t) for t in texts] == [scheduler_reading(kind, t) for t in texts]

@@ -135,10 +135,10 @@ class TestGroupsAndPooling:
 
 
 class TestProbeSimilarity:
-    """``benchmarks.calibrate_asks.probe_similarity``: 1 - JSD / ln 2 of two next-token distributions."""
+    """``benchmarks.calibration.calibrate_asks.probe_similarity``: 1 - JSD / ln 2 of two next-token distributions."""
 
     def test_same_distribution_is_one_and_disjoint_ones_are_zero(self):
-        from benchmarks.calibrate_asks import probe_similarity
+        from benchmarks.calibration.calibrate_asks import probe_similarity
 
         p = torch.log_softmax(torch.randn(50), dim=-1)
         assert probe_similarity(p, p) == pytest.approx(1.0, abs=1e-6)
@@ -147,7 +147,7 @@ class TestProbeSimilarity:
         assert probe_similarity(a, b) == pytest.approx(0.0, abs=1e-6)
 
     def test_symmetric_and_between_zero_and_one(self):
-        from benchmarks.calibrate_asks import probe_similarity
+        from benchmarks.calibration.calibrate_asks import probe_similarity
 
         a, b = torch.log_softmax(torch.randn(50), dim=-1), torch.log_softmax(torch.randn(50), dim=-1)
         assert probe_similarity(a, b) == pytest.approx(probe_similarity(b, a), abs=1e-6)
@@ -157,7 +157,7 @@ class TestProbeSimilarity:
 def test_calibration_cosine_matrices_give_the_gates_sigma():
     """``benchmarks.calibrate_asks`` scores its grid from per-layer cosine matrices: the same sigma
     as ``similarity`` on each pair, centred or raw, for any layer subset and alpha."""
-    from benchmarks.calibrate_asks import cosines
+    from benchmarks.calibration.calibrate_asks import cosines
 
     sig, background = torch.randn(5, 4, 16), torch.randn(4, 16)
     index, weights = [1, 3], layer_weights((2, 4), 4, 2.0)

@@ -1,4 +1,4 @@
-"""The output measures of ASKS substitutions (``benchmarks.asks_quality``)."""
+"""The output measures of ASKS substitutions (``benchmarks.calibration.asks_quality``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.asks_quality import logprob_delta, rouge_l, top_kl
+from benchmarks.calibration.asks_quality import logprob_delta, rouge_l, top_kl
 
 
 def test_rouge_l_is_f1_of_the_longest_common_subsequence():

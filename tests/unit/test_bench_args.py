@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from benchmarks.bench import parse_args
-from benchmarks.modes import LANDED, MODES, resolve_modes
+from benchmarks.bench.run import parse_args
+from benchmarks.bench.modes import LANDED, MODES, resolve_modes
 
 
 def test_unlanded_mechanism_is_refused_naming_it(capsys, monkeypatch):
-    import benchmarks.modes
+    import benchmarks.bench.modes
 
-    monkeypatch.setattr(benchmarks.modes, "LANDED", frozenset({"cgee", "rsbcm"}))
+    monkeypatch.setattr(benchmarks.bench.modes, "LANDED", frozenset({"cgee", "rsbcm"}))
     with pytest.raises(SystemExit):
         parse_args(["--modes", "exact,asks-only"])
     assert "ASKS" in capsys.readouterr().err
@@ -129,7 +129,7 @@ def test_exact_again_is_exact_under_another_name():
 
 
 def test_repeat_r_starts_at_mode_r_mod_m():
-    from benchmarks.bench import mode_order
+    from benchmarks.bench.run import mode_order
 
     modes = ["a", "b", "c"]
     assert [mode_order(modes, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
@@ -137,7 +137,7 @@ def test_repeat_r_starts_at_mode_r_mod_m():
 
 
 def test_run_all_rotates_engines_and_keeps_each_repeat_per_mode(monkeypatch):
-    import benchmarks.bench as bench
+    import benchmarks.bench.run as bench
     from rksc_sgl.counters import TokenCounters
 
     ran = []
@@ -184,7 +184,7 @@ def test_stop_rule_is_checked_at_start_naming_the_flag_and_adaptive_needs_a_voti
 
 
 def test_calibration_offset_evaluates_the_problems_after_a_reported_runs():
-    from benchmarks.bench import split_problems
+    from benchmarks.bench.run import split_problems
 
     exemplars, reported = split_problems("arc-challenge", 3, 4)
     same_exemplars, held_apart = split_problems("arc-challenge", 3, 4, offset=4)

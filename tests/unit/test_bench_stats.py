@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.stats import agreement, clopper_pearson_upper95, ratio, wilson_ci95
+from benchmarks.bench.stats import agreement, clopper_pearson_upper95, ratio, wilson_ci95
 
 
 class TestWilson:
@@ -43,12 +43,12 @@ class TestRatiosAndAgreement:
 
 class TestBranchAgreement:
     def test_counts_every_problem_and_branch_position(self):
-        from benchmarks.stats import branch_agreement
+        from benchmarks.bench.stats import branch_agreement
 
         assert branch_agreement([["1", "2"], ["3", None]], [["1", "9"], ["3", None]]) == 0.75
 
     def test_a_group_stopped_run_is_compared_at_its_branches_indices(self):
-        from benchmarks.stats import branch_agreement
+        from benchmarks.bench.stats import branch_agreement
 
         reference = [["1", "2", "3", "4"]]
         assert branch_agreement([["2", "4"]], reference, [[1, 3]]) == 1.0
@@ -56,7 +56,7 @@ class TestBranchAgreement:
         assert branch_agreement([["2"]], reference, [[7]]) is None
 
     def test_runs_of_different_shapes_are_not_compared(self):
-        from benchmarks.stats import branch_agreement
+        from benchmarks.bench.stats import branch_agreement
 
         assert branch_agreement([["1", "2"]], [["1"]]) is None
         assert branch_agreement([["1"]], []) is None
@@ -65,7 +65,7 @@ class TestBranchAgreement:
 def test_repeats_token_counters_are_summed_field_by_field():
     import dataclasses
 
-    from benchmarks.bench import sum_counters
+    from benchmarks.bench.run import sum_counters
 
     @dataclasses.dataclass
     class Counters:
@@ -78,9 +78,9 @@ def test_repeats_token_counters_are_summed_field_by_field():
 def test_adaptive_rows_set_the_runtime_saving_beside_the_replay_of_the_same_rule_on_exacts_branches():
     import argparse
 
-    from benchmarks.bench import adaptive_columns
-    from benchmarks.modes import MODES
-    from benchmarks.workloads import WorkloadRun
+    from benchmarks.bench.run import adaptive_columns
+    from benchmarks.bench.modes import MODES
+    from benchmarks.bench.workloads import WorkloadRun
     from rksc_sgl.counters import TokenCounters
 
     full = WorkloadRun(["A", "B"], [True, False], [["A"] * 3 + ["B"] * 3, ["A", "B", "C", "B", "B", "B"]],

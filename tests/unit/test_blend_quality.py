@@ -1,4 +1,4 @@
-"""Quality and work against exact, branch by branch (``benchmarks.blend_quality``), and the
+"""Quality and work against exact, branch by branch (``benchmarks.calibration.blend_quality``), and the
 modes and flags of the ASKS blend benchmark."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.blend_quality import blend_work, branch_quality, percentile
+from benchmarks.calibration.blend_quality import blend_work, branch_quality, percentile
 
 
 def branch(text="a b c", ids=(1, 2, 3), top=None, asks=None):
@@ -70,14 +70,14 @@ class TestBlendWork:
 
 class TestModesAndFlags:
     def test_asks_only_is_the_servers_default_blend_and_asks_adopt_adopts(self):
-        from benchmarks.modes import MODES
+        from benchmarks.bench.modes import MODES
 
         assert MODES["asks-only"].effective_asks_mode == "blend" and MODES["asks-only"].recompute is None
         assert MODES["asks-adopt"].rksc_config().asks_mode == "adopt" and MODES["asks-adopt"].rksc_config().asks
         assert MODES["exact"].effective_asks_mode is None and MODES["exact-reseed"].seed_offset > 0
 
     def test_the_sweep_makes_one_blend_mode_per_share(self):
-        from benchmarks.modes import sweep_modes
+        from benchmarks.bench.modes import sweep_modes
 
         modes = sweep_modes("0, 0.15,1.0")
         assert [m.name for m in modes] == ["asks-blend@0", "asks-blend@0.15", "asks-blend@1"]
@@ -85,13 +85,13 @@ class TestModesAndFlags:
 
     @pytest.mark.parametrize("spec", ["0,1.5", "x", "", "0.1,0.1"])
     def test_a_bad_sweep_is_refused_naming_the_flag(self, spec):
-        from benchmarks.modes import sweep_modes
+        from benchmarks.bench.modes import sweep_modes
 
         with pytest.raises(ValueError, match="--asks-recompute-sweep"):
             sweep_modes(spec)
 
     def test_the_four_modes_and_the_sweep_run_in_one_bench_run(self):
-        from benchmarks.bench import parse_args
+        from benchmarks.bench.run import parse_args
 
         args = parse_args(["--workload", "multi-doc", "--modes", "exact,no-cache,asks-only,asks-adopt,exact-reseed",
                            "--asks-recompute-sweep", "0,1"])
@@ -99,7 +99,7 @@ class TestModesAndFlags:
         assert args.dataset_names == ["coqa-short"] and args.shots == 0
 
     def test_reading_workloads_refuse_voting_datasets_and_the_sweep_needs_an_asks_workload(self, capsys):
-        from benchmarks.bench import parse_args
+        from benchmarks.bench.run import parse_args
 
         with pytest.raises(SystemExit):
             parse_args(["--workload", "role-sc", "--datasets", "gsm8k"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bon_verify import BonResult, summarize
+from benchmarks.bench.bon_verify import BonResult, summarize
 from programs.datasets import Problem
 from rksc_sgl.confidence import SkipDecision
 from rksc_sgl.cgee import Candidate, VerifyResult

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.calibrate_cgee import exit_layers
+from benchmarks.calibration.calibrate_cgee import exit_layers
 from radix_ext.cgee.rule import first_exit_layer, lens_entropy
 from rksc_sgl.protocol import EXIT_KEY as PARAMS_KEY
 from rksc_sgl.protocol import EarlyExitParams
@@ -146,7 +146,7 @@ def synthetic_records(num_problems: int = 80, num_layers: int = 30) -> list[dict
 
 class TestCalibrationSearch:
     def test_picks_the_cheapest_setting_that_never_changes_a_decision(self):
-        from benchmarks.calibrate_cgee import load_records, search
+        from benchmarks.calibration.calibrate_cgee import load_records, search
 
         chosen = search(load_records(synthetic_records()), target_error=0.05)
         assert chosen["thresholds"] == {"tau_conf": 0.9, "margin": 1.0, "theta": 0.75, "epsilon": 0.02, "min_layer": 12}
@@ -154,7 +154,7 @@ class TestCalibrationSearch:
         assert chosen["calibration"]["mean_batch_exit_layer"] == 13
 
     def test_per_dataset_search_sees_what_pooling_hides(self):
-        from benchmarks.calibrate_cgee import load_records, per_dataset, search
+        from benchmarks.calibration.calibrate_cgee import load_records, per_dataset, search
 
         # "easy": the synthetic set (a confident skip is always right). "hard": the same, except that
         # on 2 of its 80 problems two of three candidates agree and the full-depth verifier prefers
@@ -172,7 +172,7 @@ class TestCalibrationSearch:
         assert split["hard"]["calibration"]["errors"] == 0 and split["hard"]["calibration"]["skip_rate"] == 38 / 80
 
     def test_refuses_a_target_the_sample_cannot_support(self):
-        from benchmarks.calibrate_cgee import load_records, search
+        from benchmarks.calibration.calibrate_cgee import load_records, search
 
         with pytest.raises(ValueError, match="even with no error"):
             search(load_records(synthetic_records(num_problems=20)), target_error=0.05)

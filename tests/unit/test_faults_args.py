@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import faults
+from benchmarks.serving import faults
 
 
 @pytest.mark.parametrize("argv, flag", [(["--programs", "0"], "--programs"), (["--forks", "0"], "--forks"),

@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks import load
-from benchmarks.load import percentiles
+from benchmarks.serving import load
+from benchmarks.serving.load import percentiles
 
 
 def test_nearest_rank_percentiles():

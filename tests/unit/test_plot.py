@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.plot import plot
-from benchmarks.records import latest_run
+from benchmarks.report.plot import plot
+from benchmarks.bench.records import latest_run
 
 
 def row(run_id, dataset, mode, speedup, acc):
@@ -27,7 +27,7 @@ def test_only_the_latest_run_is_drawn_and_both_figures_are_written(tmp_path):
 
 
 def test_a_run_without_no_cache_draws_no_empty_panel(tmp_path):
-    from benchmarks.plot import speedup_panels
+    from benchmarks.report.plot import speedup_panels
 
     capped = [{**row("1", "gsm8k", m, 1.0, 0.3), "speedup_vs_no_cache": None} for m in ("exact", "rsbcm-only")]
     assert [key for key, _ in speedup_panels(capped)] == ["speedup_vs_exact"]
@@ -39,7 +39,7 @@ def test_a_run_without_no_cache_draws_no_empty_panel(tmp_path):
 
 
 def test_the_stop_rule_curve_is_drawn_from_its_json_file(tmp_path):
-    from benchmarks.plot import plot_curve
+    from benchmarks.report.plot import plot_curve
 
     points = [{"rule": r, "token_saving": s, "vote_agreement": a}
               for r, s, a in (("esc:2", 0.5, 0.9), ("esc:3", 0.3, 0.97), ("beta:0.9", 0.4, 0.95))]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import profile_scheduler as prof
+from benchmarks.perf import profile_scheduler as prof
 
 SP = "/x/site-packages"
 RAW = "\n".join([

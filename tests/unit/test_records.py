@@ -2,7 +2,7 @@
 
 import subprocess
 
-from benchmarks.records import git_commit
+from benchmarks.bench.records import git_commit
 
 
 def git(*args, cwd):
@@ -31,7 +31,7 @@ def test_append_jsonl_writes_one_line_per_row_and_refuses_a_bare_dict(tmp_path):
 
     import pytest
 
-    from benchmarks.records import append_jsonl
+    from benchmarks.bench.records import append_jsonl
 
     path = tmp_path / "r.jsonl"
     append_jsonl(path, [{"a": 1}, {"a": 2}])
@@ -43,7 +43,7 @@ def test_append_jsonl_writes_one_line_per_row_and_refuses_a_bare_dict(tmp_path):
 def test_latest_run_takes_each_dataset_from_the_newest_run_that_covers_it(tmp_path):
     import json
 
-    from benchmarks.records import latest_run, runs_of
+    from benchmarks.bench.records import latest_run, runs_of
 
     def row(run_id, dataset, mode):
         return {"run_id": run_id, "dataset": dataset, "mode": mode}

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.report import ROOT, block, generated_blocks, main, pooled_cgee_error, replace_between_markers, section
-from benchmarks.tables import latest_rows
+from benchmarks.report.sections import (ROOT, block, generated_blocks, main, pooled_cgee_error, replace_between_markers,
+                                        section)
+from benchmarks.report.tables import latest_rows
 
 WALL = {"no-cache": 300.0, "exact": 200.0, "cgee-only": 160.0}
 ACCURACY = {"no-cache": 0.20, "exact": 0.20, "cgee-only": 0.18}
@@ -112,7 +113,7 @@ def test_asks_table_reports_prefill_against_exact_and_the_output_measures():
 
 
 def test_adaptive_table_sets_the_runtime_saving_beside_the_replay_and_the_curve_has_its_table():
-    from benchmarks.report import adaptive_table, curve_table
+    from benchmarks.report.sections import adaptive_table, curve_table
 
     row = {"dataset": "arc-challenge", "mode": "adaptive", "stop_rule": "esc:3", "branches_sampled": 200,
            "branches_full": 320, "completion_tokens_vs_exact": 0.62, "token_saving": 0.38, "replay_token_saving": 0.36,
@@ -159,7 +160,7 @@ def test_all_takes_no_results_file(capsys):
 
 
 def test_the_summary_says_how_many_same_topic_controls_the_asks_gate_accepted():
-    from benchmarks.tables import _did
+    from benchmarks.report.tables import _did
 
     exact = {"dataset": "gsm8k", "mode": "exact", "prefill_tokens": 1000}
     asks = {"dataset": "gsm8k", "mode": "asks-only", "prefill_tokens": 800, "asks_substituted_branches": 12,
@@ -171,7 +172,7 @@ def test_the_summary_says_how_many_same_topic_controls_the_asks_gate_accepted():
 
 
 def test_the_summary_says_whether_the_program_or_the_scheduler_applied_the_stop_rule():
-    from benchmarks.tables import _did
+    from benchmarks.report.tables import _did
 
     row = {"dataset": "gsm8k", "mode": "adaptive", "stop_rule": "beta:0.9", "branches_sampled": 600,
            "branches_full": 800, "completion_tokens_vs_exact": 0.7, "replay_token_saving": 0.25}
@@ -183,7 +184,7 @@ def test_the_summary_says_whether_the_program_or_the_scheduler_applied_the_stop_
 def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_no_layer_exit(tmp_path):
     import json
 
-    from benchmarks.tables import cgee_calibration_section
+    from benchmarks.report.tables import cgee_calibration_section
 
     def entry(tau, skip, errors):
         return {"thresholds": {"tau_conf": tau, "margin": 0.5, "theta": 0.1, "epsilon": 0.02, "min_layer": 4},
@@ -204,8 +205,8 @@ def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_n
 def test_a_curve_run_a_dataset_at_a_time_keeps_the_earlier_datasets_with_their_own_command(tmp_path):
     import json
 
-    from benchmarks.bench import earlier_curves
-    from benchmarks.report import curve_table
+    from benchmarks.bench.run import earlier_curves
+    from benchmarks.report.sections import curve_table
 
     point = {"rule": "esc:3", "branches_sampled": 1, "branches_full": 2, "sample_saving": 0.5, "token_saving": 0.5,
              "vote_agreement": 1.0}
@@ -224,7 +225,7 @@ def test_a_curve_run_a_dataset_at_a_time_keeps_the_earlier_datasets_with_their_o
 
 
 def test_a_curve_with_trace_points_gets_the_trace_stop_table():
-    from benchmarks.report import curve_table
+    from benchmarks.report.sections import curve_table
 
     point = {"rule": "esc:3", "branches_sampled": 1, "branches_full": 2, "sample_saving": 0.5, "token_saving": 0.5,
              "vote_agreement": 1.0}
@@ -239,7 +240,7 @@ def test_a_curve_with_trace_points_gets_the_trace_stop_table():
 
 
 def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every_modes_cache_class(tmp_path):
-    from benchmarks.tables import scheduler_profile_section
+    from benchmarks.report.tables import scheduler_profile_section
 
     def run(commit, dataset, forward):
         modes = [{"mode": mode, "bench_wall_s": 30.0, "seconds_by_category": {"model forward": forward, "radix cache": 0.06}}
@@ -265,7 +266,7 @@ def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every
 
 
 def test_every_benchmark_mode_names_its_cache_class():
-    from benchmarks.modes import MODES
+    from benchmarks.bench.modes import MODES
 
     classes = {name: mode.cache_class for name, mode in MODES.items()}
     assert classes["exact"] == classes["cgee-only"] == classes["adaptive"] == "SGLang's `UnifiedRadixCache`, LRU"
@@ -274,7 +275,7 @@ def test_every_benchmark_mode_names_its_cache_class():
 
 
 def test_blend_table_reads_each_mode_against_exact_beside_the_two_seed_floor():
-    from benchmarks.tables import blend_table
+    from benchmarks.report.tables import blend_table
 
     base = {"dataset": "coqa", "prefill_tokens_computed": 100, "accuracy": 0.4, "accuracy_ci95": [0.3, 0.5]}
     rows = [{**base, "mode": "exact", "answer_agreement_vs_exact": 1.0},

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import soak
+from benchmarks.serving import soak
 
 
 @pytest.mark.parametrize("argv, flag", [(["--duration-s", "0"], "--duration-s"), (["--clients", "0"], "--clients"),

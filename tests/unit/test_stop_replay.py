@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.stop_replay import CURVE, choose, curve, replay_rule
+from benchmarks.bench.stop_replay import CURVE, choose, curve, replay_rule
 from rksc_sgl.adaptive import StopRule
 
 # Two problems x 6 branches: the first settles on A at once, the second only at the end.
@@ -45,7 +45,7 @@ def test_choose_takes_the_largest_saving_that_reaches_the_target():
 
 
 def test_the_group_stop_replay_keeps_the_branches_that_finish_first():
-    from benchmarks.stop_replay import replay_group_stop
+    from benchmarks.bench.stop_replay import replay_group_stop
 
     # Problem 1: the three short A's decide beta:0.9:1 at step 3; the 3 others stop at 4 tokens.
     point = replay_group_stop(StopRule.parse("beta:0.9:1"), [["A", "A", "A", "B", "B", "B"]], [[1, 2, 3, 9, 9, 9]])
@@ -54,7 +54,7 @@ def test_the_group_stop_replay_keeps_the_branches_that_finish_first():
 
 
 def test_the_group_stop_decides_on_the_answers_the_scheduler_reads():
-    from benchmarks.stop_replay import replay_group_stop
+    from benchmarks.bench.stop_replay import replay_group_stop
 
     # The program's extractor reads A in the three short texts, the scheduler's pattern only in
     # one: nothing is decided at step 3, every branch decodes to its end.
@@ -71,7 +71,7 @@ class TestTraceStop:
     MINIMA = [[[[4, 2.0]], [[4, 2.5]], [[4, 3.0]], [[2, 1.5], [3, 0.5]]]]
 
     def test_a_stopped_trace_costs_one_token_past_its_stop_and_casts_no_vote(self):
-        from benchmarks.stop_replay import replay_trace_stop
+        from benchmarks.bench.stop_replay import replay_trace_stop
 
         point = replay_trace_stop(StopRule.parse("none"), self.ANSWERS, self.TOKENS, self.MINIMA, 1.0, False)
         assert point["traces_stopped"] == 1 and point["branches_voting"] == 3
@@ -80,7 +80,7 @@ class TestTraceStop:
         assert untouched["traces_stopped"] == 0 and untouched["token_saving"] == 0.0
 
     def test_on_top_of_a_rule_in_rounds_and_in_the_scheduler(self):
-        from benchmarks.stop_replay import replay_trace_stop
+        from benchmarks.bench.stop_replay import replay_trace_stop
 
         rounds = replay_trace_stop(StopRule.parse("esc:2"), self.ANSWERS, self.TOKENS, self.MINIMA, 1.0, False)
         assert rounds["branches_voting"] == 2 and rounds["token_saving"] == 0.5  # decided after round 1
@@ -89,7 +89,7 @@ class TestTraceStop:
         assert at_once["branches_voting"] == 2 and at_once["token_saving"] == round(1 - (10 + 10 + 11 + 4) / 44, 4)
 
     def test_the_curve_puts_t_at_percentiles_of_the_lowest_confidences(self):
-        from benchmarks.stop_replay import lowest_confidences, percentile_threshold, trace_curve
+        from benchmarks.bench.stop_replay import lowest_confidences, percentile_threshold, trace_curve
 
         assert lowest_confidences(self.MINIMA) == [2.0, 2.5, 3.0, 0.5]
         assert percentile_threshold([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0

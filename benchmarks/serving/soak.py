@@ -46,7 +46,7 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
 from rksc_sgl.protocol import STATS_KEY
 
@@ -199,7 +199,7 @@ def sample(url: str, pid: int, t: float) -> dict:
 def run(settings: SoakSettings, server_args: list[str], log_dir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from benchmarks.load import LoadSettings, prompts
+    from benchmarks.serving.load import LoadSettings, prompts
 
     questions = prompts(LoadSettings(programs=32, shots=2))
     proc, url = servers.spawn("rksc_sgl.launch_server", server_args, log_dir / "server.log")

@@ -13,7 +13,7 @@ sends ``--light-requests`` requests one after the other and records each latency
 answered within ``--light-timeout-s`` counts as that many seconds, flagged). Then the heavy
 requests are aborted by rid (their children too, ``radix_ext/stop/abort_children.py``) and the pool
 must settle. One JSON line per configuration is appended to ``benchmarks/results/fairness.jsonl``
-with the commit (``benchmarks.records``), and a summary table is printed last.
+with the commit (``benchmarks.bench.records``), and a summary table is printed last.
 
 With ``--url`` it measures that running server instead (``--max-n``: the one it was started with).
 The configurations: ``uncapped`` (``--max-n`` lifted past the heavy request: stock SGLang's
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
 
 RESULTS = Path("benchmarks/results/fairness.jsonl")

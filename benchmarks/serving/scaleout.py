@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl.launch_router import POLICIES, Cluster
 
 RESULTS = Path("benchmarks/results/scaleout.jsonl")

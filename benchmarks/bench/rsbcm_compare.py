@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from programs.datasets import load
-from benchmarks.records import append_jsonl
+from benchmarks.bench.records import append_jsonl
 from programs.tot import TotConfig, solve_batch
 from rksc_sgl.config import RkscConfig
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
 from rksc_sgl.endpoint import RkscEndpoint
 

@@ -14,11 +14,11 @@ untimed full-depth reference pass (``reference_*``). After all modes ran, speed-
 against ``no-cache`` and ``exact`` and answer agreement against ``exact`` are computed, one JSON
 line per (workload, dataset, mode) is appended to ``benchmarks/results/<workload>.jsonl`` and a
 summary table is printed last. The ASKS workloads (``paraphrase-sc``, ``role-sc``, ``multi-doc``)
-also compare every mode with ``exact`` branch by branch (``benchmarks.blend_quality``: first-token
+also compare every mode with ``exact`` branch by branch (``benchmarks.calibration.blend_quality``: first-token
 KL, identical outputs, ROUGE-L; ``exact-reseed`` is the two-seed floor) and count the prefill
 blend left uncomputed (``TokenCounters.blended_tokens``); ``--asks-recompute-sweep`` adds one blend
 mode per recompute share. With ``exact`` in the run, every stop rule of
-``benchmarks.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
+``benchmarks.bench.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
 ``<workload>_stop_curve.json``); ``adaptive`` rows compare the runtime's saving with the replay
 of their own rule. Stop thresholds are chosen on other problems: ``--calibration-offset 20``
 evaluates the 20 problems after a ``--limit 20`` run's. ``python -m benchmarks.plot`` draws the figures and
@@ -38,12 +38,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks import stats as st
-from benchmarks.modes import MODES, resolve_modes, sweep_modes
+from benchmarks.bench import stats as st
+from benchmarks.bench.modes import MODES, resolve_modes, sweep_modes
 from programs.datasets import load
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
-from benchmarks.stop_replay import choose, curve, replay_group_stop, replay_rule, replay_trace_stop, trace_curve
-from benchmarks.workloads import WORKLOADS, BenchSettings, resolve_workload
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.stop_replay import choose, curve, replay_group_stop, replay_rule, replay_trace_stop, trace_curve
+from benchmarks.bench.workloads import WORKLOADS, BenchSettings, resolve_workload
 
 RESULTS_DIR = Path("benchmarks/results")
 ADAPTIVE_WORKLOADS = ("sc", "diverse-sc", "bon-verify")  # the workloads whose branches vote
@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def pool_by_dataset(args) -> dict[str, int]:
     """KV pool per dataset: ``--pool-fraction`` of exact's ``tree_tokens_after`` in the latest run of
     ``--working-set-from`` (same workload and --limit); ValueError naming what is missing."""
-    from benchmarks.records import latest_run
+    from benchmarks.bench.records import latest_run
 
     if not 0 < args.pool_fraction <= 1:
         raise ValueError(f"--pool-fraction must be in (0, 1], got {args.pool_fraction}")
@@ -243,7 +243,7 @@ def sum_counters(per_repeat: list):
 
 
 def build_rows(args, results, meta) -> list[dict]:
-    from benchmarks.asks_quality import substitution_quality
+    from benchmarks.calibration.asks_quality import substitution_quality
 
     rows = []
     for name in args.dataset_names:
@@ -312,11 +312,11 @@ def build_rows(args, results, meta) -> list[dict]:
 
 
 def blend_columns(args, mode, r, by_mode) -> dict:
-    """The ASKS workloads' columns (``benchmarks.blend_quality``): the recompute share the mode's
+    """The ASKS workloads' columns (``benchmarks.calibration.blend_quality``): the recompute share the mode's
     requests asked for, prefill really computed (``TokenCounters.prefill_tokens``: prompt - cached
     - blend's reused tokens; summed over repeats, and against exact's), and the mode's branches
     against exact's, same problems and seeds (from the last repeat)."""
-    from benchmarks.blend_quality import branch_quality
+    from benchmarks.calibration.blend_quality import branch_quality
 
     if not args.workload_obj.branch_quality:
         return {}
@@ -415,7 +415,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def print_blend(rows: list[dict]) -> None:
-    """The ASKS workloads' quality against exact (``benchmarks.blend_quality``)."""
+    """The ASKS workloads' quality against exact (``benchmarks.calibration.blend_quality``)."""
     mine = [r for r in rows if "prefill_tokens_computed" in r]
     if not mine:
         return
@@ -469,7 +469,3 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
     if curve_file:
         print(f"stop-rule curve (replayed on exact's branches): {curve_file}")
-
-
-if __name__ == "__main__":
-    main()

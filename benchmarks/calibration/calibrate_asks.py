@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.records import git_commit, machine
+from benchmarks.bench.records import git_commit, machine
 from programs.paraphrases import CALIBRATION, CALIBRATION_CONTROLS, EVAL, EVAL_CONTROLS
 from radix_ext.asks import background as asks_background
 from radix_ext.asks.gate import layer_weights

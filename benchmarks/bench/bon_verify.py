@@ -18,7 +18,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-from benchmarks.stats import clopper_pearson_upper95, wilson_ci95
+from benchmarks.bench.stats import clopper_pearson_upper95, wilson_ci95
 from programs.bon import candidate_tokens, sample_candidates, verify_all
 from programs.datasets import Problem, load
 from programs.sampling import SamplingConfig

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.load import LoadSettings, prompts
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.serving.load import LoadSettings, prompts
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from rksc_sgl import servers
 from rksc_sgl.endpoint import RkscEndpoint
 

@@ -15,7 +15,7 @@ import argparse
 import os
 import statistics
 
-from benchmarks.speed import measure_prefill
+from benchmarks.perf.speed import measure_prefill
 
 VARIANTS = ("ours", "mkl", "stock")
 

@@ -21,9 +21,9 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import tables
-from benchmarks.stats import clopper_pearson_upper95
-from benchmarks.records import latest_run, runs_of
+from benchmarks.report import tables
+from benchmarks.bench.stats import clopper_pearson_upper95
+from benchmarks.bench.records import latest_run, runs_of
 
 def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
@@ -207,7 +207,7 @@ def curve_table(curve: dict) -> str:
 
 
 def trace_table(curve: dict) -> list[str]:
-    """The trace-stop points of a curve file (``benchmarks.stop_replay.trace_curve``), if any."""
+    """The trace-stop points of a curve file (``benchmarks.bench.stop_replay.trace_curve``), if any."""
     mine = {d: e["trace_points"] for d, e in curve["datasets"].items() if e.get("trace_points")}
     if not mine:
         return []
@@ -227,7 +227,7 @@ def trace_table(curve: dict) -> list[str]:
 
 
 def asks_table(rows: list[dict]) -> list[str]:
-    """ASKS's own columns (``benchmarks.asks_quality``), for the modes that ran it."""
+    """ASKS's own columns (``benchmarks.calibration.asks_quality``), for the modes that ran it."""
     mine = [r for r in rows if r.get("asks_substituted_branches") is not None or r.get("asks_false_accept_rate") is not None]
     if not mine:
         return []
@@ -348,7 +348,3 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         p.error(f"--readme {args.readme}: {e}")
     print(f"wrote the {name} section of {args.readme}")
-
-
-if __name__ == "__main__":
-    main()

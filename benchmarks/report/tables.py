@@ -13,10 +13,10 @@ import shlex
 import statistics
 from pathlib import Path
 
-from benchmarks.modes import MODES
-from benchmarks.records import latest_run
+from benchmarks.bench.modes import MODES
+from benchmarks.bench.records import latest_run
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def latest_rows(path: Path) -> list[dict]:
@@ -277,7 +277,7 @@ def cgee_calibration_section(path: Path) -> str:
 
 def blend_table(rows: list[dict]) -> list[str]:
     """The ASKS workloads' quality against ``exact``, same problems and seeds
-    (``benchmarks.blend_quality``), for every mode that has it; ``exact-reseed``'s row is the
+    (``benchmarks.calibration.blend_quality``), for every mode that has it; ``exact-reseed``'s row is the
     two-seed floor and every row's vote agreement is shown beside it."""
     mine = [r for r in rows if "prefill_tokens_computed" in r and r["mode"] != "exact"]
     if not mine:

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.records import append_jsonl, git_commit, machine
+from benchmarks.bench.records import append_jsonl, git_commit, machine
 
 RESULTS = Path("benchmarks/results/scheduler_profile.jsonl")
 SCHEDULER_TITLE = "sglang::scheduler"
@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.rate <= 1000:
         p.error(f"--rate must be in [1, 1000], got {args.rate}")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    from benchmarks.modes import MODES
+    from benchmarks.bench.modes import MODES
 
     unknown = [m for m in args.modes if m not in MODES]
     if not args.modes or unknown:

@@ -5,7 +5,7 @@
         --out benchmarks/results/cgee_thresholds.json
 
 The calibration split of each dataset is its *last* ``--calibration-size`` problems; the
-evaluation split (``benchmarks.bon_verify.measure``, ``programs.datasets.load(name, limit)``) is its
+evaluation split (``benchmarks.bench.bon_verify.measure``, ``programs.datasets.load(name, limit)``) is its
 *first* problems, and ``--reserve`` of them are kept apart (refused if the two would overlap).
 
 On the calibration split, best-of-N candidates are generated exactly as the table generates them
@@ -40,7 +40,7 @@ import sys
 
 import torch
 
-from benchmarks.stats import clopper_pearson_upper95
+from benchmarks.bench.stats import clopper_pearson_upper95
 from rksc_sgl.confidence import answer_confidences, skip_decision
 
 THETAS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -166,7 +166,7 @@ def collect(backend, datasets: list[str], size: int, reserve: int, num_candidate
     """Full-depth lens diagnostics on each dataset's last ``size`` problems, the candidates sampled
     as ``benchmarks.bench --workload bon-verify`` samples them: the same ``shots`` exemplars (the
     dataset's first problems) in front of every question, the same new tokens and temperature."""
-    from benchmarks.bon_verify import solve_batch
+    from benchmarks.bench.bon_verify import solve_batch
     from programs.datasets import load
     from programs.sampling import SamplingConfig
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.records import MODEL_NAME, append_jsonl, git_commit, machine
+from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 
 RESULTS = Path("benchmarks/results/speed.jsonl")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Callable
 
-from benchmarks.modes import Mode
+from benchmarks.bench.modes import Mode
 from programs.datasets import DATASETS, READING_DATASETS, Problem
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import StopRule
@@ -96,7 +96,7 @@ class Workload:
     default_datasets: tuple[str, ...] | None = None  # ... unless this is given (None: all of ``datasets``)
     default_shots: int | None = None  # --shots when not given (None: BenchSettings')
     # Branches keep their text, token ids and first-token top log-probabilities
-    # (``ParaBranch``): quality against exact branch by branch (``benchmarks.blend_quality``),
+    # (``ParaBranch``): quality against exact branch by branch (``benchmarks.calibration.blend_quality``),
     # and blend's recompute sweep (``--asks-recompute-sweep``) applies.
     branch_quality: bool = False
 
@@ -156,7 +156,7 @@ def _run_bon(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     CGEE modes also run the full-depth verifier on the same candidates, untimed (``reference_s``),
     because CGEE error is defined against its decisions.
     """
-    from benchmarks.bon_verify import solve_batch, summarize
+    from benchmarks.bench.bon_verify import solve_batch, summarize
     from rksc_sgl.cgee import CgeeThresholds
 
     thresholds = (CgeeThresholds.load(settings.cgee_thresholds, problems[0].dataset) if settings.cgee_thresholds
@@ -196,7 +196,7 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
     runtime."""
     import time
 
-    from benchmarks.asks_quality import control_probe
+    from benchmarks.calibration.asks_quality import control_probe
     from programs.datasets import load
     from programs.paraphrase_sc import solve_batch
 
@@ -224,7 +224,7 @@ def _run_paraphrase_sc(problems, backend, mode, settings, exemplars) -> Workload
 def _asks_stats(results, backend, seconds_before: float) -> dict[str, Any]:
     """ASKS's work in a run: adoptions, reused and recomputed tokens (``blend_quality.blend_work``),
     and its scheduler time (decisions, signature capture) during the run."""
-    from benchmarks.blend_quality import blend_work
+    from benchmarks.calibration.blend_quality import blend_work
 
     reports = [b.asks for r in results for b in r.branches if b.asks]
     return {"asks_substitutions": sum(bool(x.get("adopted")) for x in reports) if reports else None,

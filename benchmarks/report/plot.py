@@ -24,8 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.modes import SWEEP_PREFIX  # noqa: E402
-from benchmarks.records import latest_run  # noqa: E402
+from benchmarks.bench.modes import SWEEP_PREFIX  # noqa: E402
+from benchmarks.bench.records import latest_run  # noqa: E402
 
 
 def _grouped_bars(ax, rows, datasets, modes, value, title, baseline_line=None, errors=None):
@@ -150,7 +150,7 @@ def plot_sweep(rows: list[dict], out: Path, caption: str) -> Path:
 
 
 def plot_curve(path: Path, out_dir: Path) -> list[Path]:
-    """Tokens saved vs vote agreement of every replayed stop rule (``benchmarks.stop_replay``)."""
+    """Tokens saved vs vote agreement of every replayed stop rule (``benchmarks.bench.stop_replay``)."""
     data = json.loads(Path(path).read_text())
     fig, ax = plt.subplots(figsize=(7, 5))
     for dataset, entry in data["datasets"].items():

@@ -29,7 +29,7 @@ import collections
 import statistics
 from typing import Any
 
-from benchmarks.asks_quality import rouge_l, top_kl
+from benchmarks.calibration.asks_quality import rouge_l, top_kl
 
 
 def _round(value: float | None) -> float | None:

@@ -6,7 +6,7 @@ are known without running it: ``replay_rule``. The runtime's group stop launches
 once and keeps those that finish first: ``replay_group_stop`` replays it with each branch's
 completion tokens as its finishing step (``rksc_sgl.adaptive.replay_concurrent``), deciding on
 the answers as the scheduler reads them (the policy's patterns: the program's extractor's,
-``benchmarks.workloads.policy_answer``).
+``benchmarks.bench.workloads.policy_answer``).
 
 Trace-confidence stopping (DeepConf online) replays too, on top of either: each ``exact`` branch
 records where its window confidence reached new lows (``programs.sc.Branch.conf_minima``), so a

@@ -1,0 +1,3 @@
+from benchmarks.bench.run import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.report.sections import main
+
+main()

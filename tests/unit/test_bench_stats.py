@@ -65,7 +65,7 @@ class TestBranchAgreement:
 def test_repeats_token_counters_are_summed_field_by_field():
     import dataclasses
 
-    from benchmarks.bench.run import sum_counters
+    from benchmarks.bench.rows import sum_counters
 
     @dataclasses.dataclass
     class Counters:
@@ -78,7 +78,7 @@ def test_repeats_token_counters_are_summed_field_by_field():
 def test_adaptive_rows_set_the_runtime_saving_beside_the_replay_of_the_same_rule_on_exacts_branches():
     import argparse
 
-    from benchmarks.bench.run import adaptive_columns
+    from benchmarks.bench.rows import adaptive_columns
     from benchmarks.bench.modes import MODES
     from benchmarks.bench.workloads import WorkloadRun
     from rksc_sgl.counters import TokenCounters

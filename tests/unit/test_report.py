@@ -205,7 +205,7 @@ def test_the_cgee_calibration_section_says_what_was_chosen_per_dataset_and_why_n
 def test_a_curve_run_a_dataset_at_a_time_keeps_the_earlier_datasets_with_their_own_command(tmp_path):
     import json
 
-    from benchmarks.bench.run import earlier_curves
+    from benchmarks.bench.rows import earlier_curves
     from benchmarks.report.sections import curve_table
 
     point = {"rule": "esc:3", "branches_sampled": 1, "branches_full": 2, "sample_saving": 0.5, "token_saving": 0.5,

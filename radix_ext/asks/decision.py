@@ -46,8 +46,8 @@ from array import array
 from typing import Any
 
 from radix_ext.asks import blend as asks_blend, capture as asks_capture
-from radix_ext.cgee import requests as exit_requests
 from radix_ext.asks.gate import Gate, Signature, adopts
+from radix_ext.cgee import requests as exit_requests
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 
 logger = logging.getLogger(__name__)

@@ -44,8 +44,8 @@ import weakref
 from typing import Any
 
 from radix_ext.cgee import requests as exit_requests
-from radix_ext.stop import groups
 from radix_ext.ops import introspection
+from radix_ext.stop import groups
 from rksc_sgl.stop_options import (CONF_STOP_KEY, EARLY_STOP_STATE_KEY, GROUP_POLICY_KEY, STOP_KEY, STOP_MESSAGE_PREFIX,
                                    ConfStop, GroupPolicy, GroupTag)
 from rksc_sgl import stop_rules

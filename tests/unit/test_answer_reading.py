@@ -102,7 +102,7 @@ NUMBER_TEXTS = (
 def scheduler_reading(kind: str, text: str) -> str | None:
     """``text``'s vote as the scheduler reads it: the policy ``programs.sc`` sends, parsed as the
     server parses it, joined to a registry group and read by ``radix_ext.stop.stopper._answer``."""
-    from radix_ext.stop import stopper as early_stop, groups
+    from radix_ext.stop import groups, stopper as early_stop
 
     patterns, normalize = extract_reading(problem(kind))
     wire = {"rksc_group_policy": {"answer_pattern": list(patterns), "answer_normalize": normalize, "rule": "beta"}}

@@ -15,11 +15,11 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from radix_ext.asks import blend as asks_blend
-from radix_ext.asks.decision import AsksState
 from radix_ext.asks.blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
+from radix_ext.asks.decision import AsksState
 from radix_ext.asks.gate import Gate
-from radix_ext.eviction.backend import RkscRadixCache
 from radix_ext.cpu.attention import blend_extend_attention, extend_attention
+from radix_ext.eviction.backend import RkscRadixCache
 from rksc_sgl.protocol import AsksOptions
 from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from radix_ext.asks import decision as asks, capture as asks_capture
-from radix_ext.eviction import stats
+from radix_ext.asks import capture as asks_capture, decision as asks
 from radix_ext.asks.decision import SIG_ATTR, AsksState, decide
 from radix_ext.asks.gate import Gate
+from radix_ext.eviction import stats
 from radix_ext.eviction.backend import RkscRadixCache, asks_state
 from rksc_sgl.config import RkscConfig
 from tests.unit.test_backend_tree import FakeAllocator, FakeReqToTokenPool, admit, finish, run_request

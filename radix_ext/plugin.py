@@ -3,24 +3,28 @@
 SGLang calls ``load()`` early in the engine process and in each spawned scheduler, before the
 radix cache is built, so registrations made here are visible where the cache is created:
 
-* radix-cache backend ``rksc`` (``radix_ext.eviction.backend``), for ``--radix-cache-backend rksc``;
+* radix-cache backend ``rksc`` (``radix_ext.eviction.backend``), for
+  ``--radix-cache-backend rksc``;
 * eviction policy name ``rsbcm`` in SGLang's ``--radix-eviction-policy`` choices (our backend
   builds the strategy; SGLang's own caches do not know the name and fail at start-up);
 * a check of the ``rksc`` entry of ``sampling_params.custom_params`` where SGLang validates
   sampling parameters, so a malformed branch tag is an HTTP 400 naming the field, not a
   scheduler error;
-* the KV pool and cache readbacks (``radix_ext.ops.introspection``, ``radix_ext.eviction.stats``) and our
-  series in SGLang's Prometheus ``/metrics`` with ``--enable-metrics`` (``radix_ext.ops.metrics``);
+* the KV pool and cache readbacks (``radix_ext.ops.introspection``,
+  ``radix_ext.eviction.stats``) and our series in SGLang's Prometheus ``/metrics`` with
+  ``--enable-metrics`` (``radix_ext.ops.metrics``);
 * a refusal (HTTP 400, naming the field and its limit) of requests that would kill, stall or be
   misread by stock SGLang: empty prompts, out-of-range logprob fields, n beyond ``--max-n``
-  (``radix_ext.ops.request_guards``); malformed batch shapes and batches whose prompts x n exceed
-  ``--max-fanout`` (``radix_ext.ops.batch_guards``);
-* an abort or disconnect of an ``n > 1`` request reaching its children (``radix_ext.stop.abort_children``);
-* CGEE's early-exit verification forward and its request hooks (``radix_ext.cgee.forward``);
-* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend (``radix_ext.sampling.sampler``);
-* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks.decision``);
+  (``radix_ext.ops.request_guards``); malformed batch shapes and batches whose prompts x n
+  exceed ``--max-fanout`` (``radix_ext.ops.batch_guards``);
+* an abort or disconnect of an ``n > 1`` request reaching its children
+  (``radix_ext.stop.abort_children``);
+* CGEE's early-exit verification forward and its request hooks (``radix_ext.cgee``);
+* seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend
+  (``radix_ext.sampling``);
+* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``);
 * the confident early stop: trace-confidence stops, group votes and the stamping of ``n > 1``
-  children with their group and own seeds (``radix_ext.stop.stopper``, ``radix_ext.stop.groups``);
+  children with their group and own seeds (``radix_ext.stop``);
 * the scheduler's freed heap returned to the OS when it is idle (``radix_ext.cpu.heap_trim``).
 
 SGLang only logs an exception raised here, and then reports "--radix-cache-backend='rksc' is not

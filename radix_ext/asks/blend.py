@@ -1,35 +1,28 @@
 """ASKS blend: a request keeps every word, and reuses the KV its group computed after another opening.
 
-Shape. A request of substitution group ``g`` (``custom_params["rksc_asks"]["group"]``) leaves
-the cached path at position ``x`` (its own opening, a role, a document order). Its later tokens
-may exist in the radix tree below an *anchor* of ``g``: the end of a prefill-only commit of the
-group (``paraphrase_fork``'s opener commits, ``share_chunks``' head commit), under which a
-sibling of the group computed the same text after its own opening. Blend reuses that KV:
+A request of substitution group ``g`` (``custom_params["rksc_asks"]["group"]``) that leaves the
+cached path at its own opening finds, at its prefill, the runs of its later tokens that ``g``
+computed after another opening (``radix_ext.asks.segments``). For each run:
 
-* **where** (``find_segments``, read-only, at the forward): from ``x`` to the request's last
-  ``fresh_tail`` tokens (always computed: the question, the assistant header), each position
-  looks for the longest run of the request's tokens continuing below one of ``g``'s anchors,
-  through nodes that ``g``'s own requests computed (``MARK_ATTR``); a run of at least
-  ``MIN_SEGMENT`` tokens is a *segment* ``(start, donor slots, delta)``, ``delta`` being the
-  request's position minus the donor's. Tokens no segment covers are computed as usual.
-* **what is copied** (``_write_donor_kv``): V as is; K re-rotated by ``delta``. SGLang stores K
-  after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one rotation by ``delta`` moves a
-  donor key to the request's position (``rerotate``; models whose rotary table is not a pure
-  rotation are refused).
-* **what is recomputed** (``select``): a share ``r`` of the reused tokens (``--asks-recompute``,
-  per request ``AsksOptions.recompute``), chosen by ``deviation`` (CacheBlend: the first
-  ``CHECK_LAYERS`` layers run for every token, then the reused tokens whose layer-2 value vectors
-  differ most from the donor's are kept) or ``leading`` (EPIC: the first ``ceil(r * len)`` tokens
-  of each segment, from layer 1). From then on the forward (``blend_forward``, an AROUND hook on
-  the model's forward) carries only the kept rows: the others' KV is the donor's, written into the
-  request's own slots, and the attention backend (``radix_ext.cpu_attention``, ``BlendView``)
-  lets each kept row attend to its whole row of the KV pool up to its own position.
+* **what is copied** (``_write_donor_kv``): V as is; K re-rotated by the position difference
+  (``radix_ext.asks.selection.rerotate``; models whose rotary table is not a pure rotation are
+  refused).
+* **what is recomputed** (``radix_ext.asks.selection.select``): a share ``r`` of the reused
+  tokens (``--asks-recompute``, per request ``AsksOptions.recompute``), chosen by deviation at an
+  early layer or by position in the run. The request's last ``fresh_tail`` tokens (the question,
+  the assistant header) are always computed.
+
+``blend_forward`` (an AROUND hook on the model's forward) runs the first layers for every token
+when the selector needs them, then carries only the kept rows: the others' KV is the donor's,
+written into the request's own slots, and the attention backend (``radix_ext.cpu.attention``,
+``BlendView``) lets each kept row attend to its whole row of the KV pool up to its own position.
 
 At ``r = 1`` nothing is reduced and the forward is SGLang's layer loop: the request's tokens and
 KV are exactly exact's. Below 1, the request's KV is approximate, so it never enters the tree
 (``req.skip_radix_cache_insert``): its slots are freed when it finishes, and no other request,
 of its group or not, ever matches them. Every blended request reports what it reused and
-recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks``) and the counters feed ``/metrics``.
+recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks.decision``) and the counters feed
+``/metrics``.
 
 A batch that also carries a CGEE verification row, a chunked prefill, a model or attention backend
 this does not cover, or page size > 1: the request computes every token (``outcome`` says why).
@@ -39,37 +32,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-import weakref
 from typing import Any
 
 import torch
 
+from radix_ext.asks import segments as tree
+from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
+from radix_ext.asks.selection import CHECK_LAYERS, deviation, pure_rotation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from rksc_sgl.protocol import AsksOptions
 
 logger = logging.getLogger(__name__)
 
-MARK_ATTR = "rksc_blend_group"  # on a TreeNode: the group whose request computed it
-ANCHOR_ATTR = "rksc_blend_anchor"  # on a TreeNode: (group, end position) of a commit that ended there
-MEMBER_ATTR = "rksc_blend_member"  # on a Req: its group (it marks the nodes it computes)
-OPTIONS_ATTR = "rksc_blend_options"  # on a Req that may blend: its AsksOptions
 # On a Req: its ASKS decision, a BlendDecision here or radix_ext.asks's Decision (which reports both).
 DECISION_ATTR = "rksc_asks_decision"
-PURE_ATTR = "_rksc_pure_rotation"  # on a RotaryEmbedding: (its table, whether it is a pure rotation)
 
-MIN_SEGMENT = 8  # a shorter run below an anchor is a coincidence of common tokens, not a text
-# Bounds on what one group's commits can make the scheduler walk at a member's prefill: anchors
-# kept per group (the oldest dropped first), and anchor children tried per position.
-MAX_ANCHORS_PER_GROUP = 1024
-MAX_HEADS_PER_TOKEN = 32
-MAX_WALKS_PER_REQUEST = 4096  # continuations tried for one member; past it, the rest is computed
-CHECK_LAYERS = 2  # deviation selection: layers computed for every token before choosing
-SELECTORS = ("deviation", "leading")
 
-# rid -> Req of every live request that may blend (registered at creation, read at its prefill).
-_members: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
 @dataclasses.dataclass
@@ -123,173 +102,6 @@ class BlendSettings:
     fresh_tail: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    start: int  # request position of the segment's first token
-    donor_slots: torch.Tensor  # [length] int64 KV-pool slots of the donor's tokens
-    delta: int  # request position - donor position
-
-    @property
-    def length(self) -> int:
-        return int(self.donor_slots.shape[0])
-
-
-# ---- the tree side: anchors, marks, segments --------------------------------------------------
-
-def register_member(req, options: AsksOptions) -> None:
-    """``req`` (a generating request of group ``options.group``) may blend at its prefill."""
-    setattr(req, OPTIONS_ATTR, options)
-    setattr(req, MEMBER_ATTR, options.group)
-    _members[req.rid] = req
-
-
-def register_commit(req, group: str) -> None:
-    """``req`` (a prefill-only commit of ``group``) leaves an anchor where it ends."""
-    setattr(req, MEMBER_ATTR, group)
-    setattr(req, ANCHOR_ATTR, group)
-
-
-def on_checkpoint(cache, req, own_start: int) -> None:
-    """After ``req``'s tokens went into the tree: mark the nodes it computed with its group, and
-    make a commit's last node an anchor of its group."""
-    group = getattr(req, MEMBER_ATTR, None)
-    if group is None:
-        return
-    node, path = req.last_node, []
-    while node is not None and node is not cache.root_node:
-        path.append(node)
-        node = node.parent
-    end = sum(len(n.key) for n in path)
-    if getattr(req, ANCHOR_ATTR, None) is not None and path:
-        anchors = cache.asks.anchors.setdefault(group, {})  # insertion-ordered: the oldest first
-        if path[0] not in anchors:
-            anchors[path[0]] = None
-            setattr(path[0], ANCHOR_ATTR, (group, end))
-            if len(anchors) > MAX_ANCHORS_PER_GROUP:
-                oldest = next(iter(anchors))
-                del anchors[oldest]
-                setattr(oldest, ANCHOR_ATTR, None)
-    for n in path:
-        start = end - len(n.key)
-        if start < own_start:
-            break
-        if getattr(n, MARK_ATTR, None) is None:
-            setattr(n, MARK_ATTR, group)
-        end = start
-
-
-def on_delete(cache, node) -> None:
-    anchor = getattr(node, ANCHOR_ATTR, None)
-    if anchor is not None and cache.asks is not None:
-        anchors = cache.asks.anchors.get(anchor[0])
-        if anchors is not None:
-            anchors.pop(node, None)
-            if not anchors:  # a program's group goes with its last anchor
-                del cache.asks.anchors[anchor[0]]
-
-
-def on_split(child, new_node) -> None:
-    """The upper part of a split node was computed by the same request: it keeps the mark (the
-    anchor stays on the lower part, which still ends where the commit ended)."""
-    mark = getattr(child, MARK_ATTR, None)
-    if mark is not None:
-        setattr(new_node, MARK_ATTR, mark)
-
-
-def _continuation(child, key, pos: int, limit: int, group: str) -> tuple[int, list[torch.Tensor]]:
-    """How many of ``key[pos:limit]`` continue from ``child`` down through ``group``'s nodes, and
-    their KV slots."""
-    matched, parts, node = 0, [], child
-    while node is not None and pos < limit and getattr(node, MARK_ATTR, None) == group:
-        m = min(node.key.match_at(key, pos), limit - pos)
-        if m <= 0:
-            break
-        parts.append(node.value[:m])
-        matched, pos = matched + m, pos + m
-        if m < len(node.key) or pos >= limit:
-            break
-        node = node.children.get(key.child_key_at(pos))
-    return matched, parts
-
-
-def find_segments(anchors, key, start: int, limit: int, group: str) -> list[Segment]:
-    """The reusable runs of ``key[start:limit]`` below ``anchors`` (nodes of ``group``, oldest
-    first), greedy from the left, longest first at each position (of the ``MAX_HEADS_PER_TOKEN``
-    newest anchor children starting with that position's token)."""
-    heads: dict[Any, list[tuple[int, Any]]] = {}
-    for anchor in reversed(list(anchors)):
-        _group, end = getattr(anchor, ANCHOR_ATTR)
-        for child_key, child in anchor.children.items():
-            if getattr(child, MARK_ATTR, None) == group:
-                found = heads.setdefault(child_key, [])
-                if len(found) < MAX_HEADS_PER_TOKEN:
-                    found.append((end, child))
-    segments, pos, walks = [], start, 0
-    while heads and pos + MIN_SEGMENT <= limit and walks < MAX_WALKS_PER_REQUEST:
-        best = (0, None, None)
-        for end, child in heads.get(key.child_key_at(pos), ()):
-            walks += 1
-            matched, parts = _continuation(child, key, pos, limit, group)
-            if matched > best[0]:
-                best = (matched, parts, end)
-        matched, parts, donor_start = best
-        if matched >= MIN_SEGMENT:
-            segments.append(Segment(pos, torch.cat(parts).to(torch.int64), pos - donor_start))
-            pos += matched
-        else:
-            pos += 1
-    return segments
-
-
-# ---- selection (pure) ----------------------------------------------------------------------
-
-def select(segments: list[Segment], recompute: float, selector: str,
-           deviation: torch.Tensor | None = None) -> torch.Tensor:
-    """Which reused tokens to recompute: a bool mask over the segments' tokens, concatenated.
-    ``deviation``: [reused] float, per token (``selector == "deviation"``)."""
-    total = sum(s.length for s in segments)
-    keep = torch.zeros(total, dtype=torch.bool)
-    if recompute <= 0 or total == 0:
-        return keep
-    if recompute >= 1:
-        return ~keep
-    if selector == "leading":
-        offset = 0
-        for s in segments:
-            keep[offset: offset + math.ceil(recompute * s.length)] = True
-            offset += s.length
-        return keep
-    count = math.ceil(recompute * total)
-    keep[torch.topk(deviation.float(), count).indices] = True
-    return keep
-
-
-def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:
-    """Keys stored after RoPE at positions p, moved to p + delta: keys [n, heads, head_size],
-    deltas [n] int64, ``rotary`` the layer's RotaryEmbedding (a pure-rotation table)."""
-    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
-
-    cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
-    sin = torch.where(deltas[:, None] < 0, -sin, sin)
-    rot = rotary.rotary_dim
-    moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, rotary.is_neox_style).to(keys.dtype)
-    return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < keys.shape[-1] else moved
-
-
-def pure_rotation(rotary) -> bool:
-    """RoPE tables whose rows are rotations (cos^2 + sin^2 = 1) compose by adding positions;
-    scaled tables (YaRN's mscale) do not. Checked once per table (kept on the module)."""
-    table = getattr(rotary, "cos_sin_cache", None)
-    if table is None or not hasattr(rotary, "rotary_dim") or not hasattr(rotary, "is_neox_style"):
-        return False
-    checked = getattr(rotary, PURE_ATTR, None)
-    if checked is None or checked[0] is not table:
-        cos, sin = table[:64].float().chunk(2, dim=-1)
-        checked = (table, bool(torch.allclose(cos * cos + sin * sin, torch.ones_like(cos), atol=1e-4)))
-        setattr(rotary, PURE_ATTR, checked)
-    return checked[1]
-
-
 # ---- the forward ---------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -328,13 +140,13 @@ class BlendView:
 
 def plan_batch(forward_batch, state) -> list[RowPlan]:
     """The rows of an EXTEND batch that blend, with their segments (read-only on the tree)."""
-    if not _members:
+    if not tree.members:
         return []
     cache = state.cache
     plans, offset = [], 0
     for row, (rid, prefix_len, extend_len) in enumerate(zip(
             forward_batch.rids, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
-        req = _members.pop(rid, None)
+        req = tree.members.pop(rid, None)
         if req is not None:
             plan = _plan_row(req, row, offset, prefix_len, extend_len, cache, state)
             if plan is not None:
@@ -403,7 +215,7 @@ def around_forward(original, model, input_ids, positions, forward_batch, *args, 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     state = _live[0] if _live else None
-    if (state is None or not _members or forward_batch.forward_mode != ForwardMode.EXTEND
+    if (state is None or not tree.members or forward_batch.forward_mode != ForwardMode.EXTEND
             or not forward_batch.rids):
         return original(model, input_ids, positions, forward_batch, *args, **kwargs)
     started = time.perf_counter()
@@ -444,12 +256,14 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
     for plan in plans:
         rows, donors = plan.reused_rows(), plan.donor_slots()
-        deviation = None
+        scores = None
         if selector == "deviation":
-            values = pool.get_value_buffer(stack.layers[layers[full_layers - 1]].self_attn.attn.layer_id)
+            check = stack.layers[layers[full_layers - 1]].self_attn
+            keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
-            deviation = (values[own].float() - values[donors].float()).flatten(1).norm(dim=1)
-        chosen = select(plan.segments, plan.decision.recompute, selector, deviation)
+            scores = deviation(keys[own], values[own], rerotate(keys[donors], plan.reused_deltas(), check.rotary_emb),
+                               values[donors])
+        chosen = select(plan.segments, plan.decision.recompute, selector, scores)
         plan.decision.outcome = "blended"
         plan.decision.recomputed_tokens = int(chosen.sum())
         plan.decision.reused_tokens = int((~chosen).sum())

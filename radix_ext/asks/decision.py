@@ -45,7 +45,7 @@ import time
 from array import array
 from typing import Any
 
-from radix_ext.asks import blend as asks_blend, capture as asks_capture
+from radix_ext.asks import blend as asks_blend, capture as asks_capture, segments as asks_segments
 from radix_ext.asks.gate import Gate, Signature, adopts
 from radix_ext.cgee import requests as exit_requests
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
@@ -285,9 +285,9 @@ def _register_blend(req, options: AsksOptions | None, reason: str | None, state:
     """Blend mode: a prefill-only commit of a group leaves an anchor; a generating member may
     blend at its prefill (``radix_ext.asks.blend``); a member that cannot says why."""
     if reason is None and req.sampling_params.max_new_tokens == 0:
-        asks_blend.register_commit(req, options.group)
+        asks_segments.register_commit(req, options.group)
     elif reason is None:
-        asks_blend.register_member(req, options)
+        asks_segments.register_member(req, options)
     elif reason not in ("no-group", "opted-out", "bad-options"):
         decision = asks_blend.BlendDecision(f"skipped:{reason}", state.blend.recompute, state.blend.selector,
                                             prompt_tokens=len(req.origin_input_ids))

@@ -42,7 +42,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
-from radix_ext.asks import blend as asks_blend, capture as asks_capture
+from radix_ext.asks import blend as asks_blend, capture as asks_capture, segments as asks_segments
 from radix_ext.asks.decision import SIG_ATTR, AsksState
 from radix_ext.eviction.policy import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
 from radix_ext.ops.metrics import EVICTED_TOKENS
@@ -89,7 +89,7 @@ class RkscRadixCache(RadixCache):
             return
         if self.asks is not None:
             if self.asks.mode == "blend":
-                asks_blend.on_checkpoint(self, req, own_start)
+                asks_segments.on_checkpoint(self, req, own_start)
             else:
                 self._keep_signature(req)
         tag = request_tag(req)
@@ -120,7 +120,7 @@ class RkscRadixCache(RadixCache):
     def _delete_leaf(self, node) -> None:
         super()._delete_leaf(node)
         EVICTED_TOKENS["unscored" if node_score(node) is None else "scored"] += len(node.key)
-        asks_blend.on_delete(self, node)
+        asks_segments.on_delete(self, node)
         signature = getattr(node, SIG_ATTR, None)
         if signature is not None and self.asks is not None:
             setattr(node, SIG_ATTR, None)
@@ -132,7 +132,7 @@ class RkscRadixCache(RadixCache):
         for attr in (DEPTH_ATTR, SCORE_ATTR):
             if hasattr(child, attr):
                 setattr(new_node, attr, getattr(child, attr))
-        asks_blend.on_split(child, new_node)
+        asks_segments.on_split(child, new_node)
         return new_node
 
 

@@ -14,8 +14,10 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from radix_ext.asks import blend as asks_blend
-from radix_ext.asks.blend import BlendSettings, Segment, find_segments, pure_rotation, rerotate, select
+from radix_ext.asks import segments as asks_segments
+from radix_ext.asks.blend import BlendSettings
+from radix_ext.asks.segments import Segment, find_segments
+from radix_ext.asks.selection import deviation, pure_rotation, rerotate, select
 from radix_ext.asks.decision import AsksState
 from radix_ext.asks.gate import Gate
 from radix_ext.cpu.attention import blend_extend_attention, extend_attention
@@ -44,14 +46,14 @@ def commit(cache, tokens: list[int], group: str | None = GROUP):
     """A prefill-only commit of ``group`` (None: a request of no group, another client's)."""
     req = admit(cache, tokens)
     if group is not None:
-        asks_blend.register_commit(req, group)
+        asks_segments.register_commit(req, group)
     return finish(cache, req)
 
 
 def member(cache, tokens: list[int], group: str = GROUP):
     """A generating member of ``group`` that computed its prompt exactly (a donor)."""
     req = admit(cache, tokens)
-    setattr(req, asks_blend.MEMBER_ATTR, group)
+    setattr(req, asks_segments.MEMBER_ATTR, group)
     return finish(cache, req, output=[7, 8])
 
 
@@ -109,13 +111,13 @@ class TestSegments:
         cache = make()
         donor_tree(cache)
         request = HEAD + OPEN_B + SHARED + QUESTION
-        monkeypatch.setattr(asks_blend, "MAX_WALKS_PER_REQUEST", 0)
+        monkeypatch.setattr(asks_segments, "MAX_WALKS_PER_REQUEST", 0)
         assert segments_for(cache, request, len(HEAD + OPEN_B)) == []
 
     def test_a_short_coincidence_is_no_segment(self):
         cache = make()
         donor_tree(cache)
-        request = HEAD + OPEN_B + SHARED[: asks_blend.MIN_SEGMENT - 1] + [999] * 20
+        request = HEAD + OPEN_B + SHARED[: asks_segments.MIN_SEGMENT - 1] + [999] * 20
         assert segments_for(cache, request, len(HEAD + OPEN_B)) == []
 
     def test_evicted_anchors_leave_the_registry_and_reset_clears_it(self):
@@ -129,7 +131,7 @@ class TestSegments:
         assert cache.asks.anchors == {}
 
     def test_a_group_keeps_at_most_its_newest_anchors(self, monkeypatch):
-        monkeypatch.setattr(asks_blend, "MAX_ANCHORS_PER_GROUP", 3)
+        monkeypatch.setattr(asks_segments, "MAX_ANCHORS_PER_GROUP", 3)
         cache = make()
         for i in range(5):
             commit(cache, HEAD + [60 + i, 61 + i])
@@ -163,9 +165,28 @@ class TestSelection:
         assert chosen.nonzero().squeeze(1).tolist() == [0, 1, 2, 10]  # ceil(2.5), ceil(1.0)
 
     def test_deviation_takes_the_tokens_that_moved_most(self):
-        deviation = torch.zeros(14)
-        deviation[[3, 12]] = torch.tensor([5.0, 9.0])
-        assert select(self.SEGMENTS, 0.1, "deviation", deviation).nonzero().squeeze(1).tolist() == [3, 12]
+        scores = torch.zeros(14)
+        scores[[3, 12]] = torch.tensor([5.0, 9.0])
+        assert select(self.SEGMENTS, 0.1, "deviation", scores, lead=0).nonzero().squeeze(1).tolist() == [3, 12]
+
+    def test_deviation_recomputes_each_segments_lead_first_then_what_moved_most(self):
+        scores = torch.zeros(14)
+        scores[[1, 7, 10, 12]] = torch.tensor([0.5, 50.0, 2.0, 9.0])
+        chosen = select(self.SEGMENTS, 0.4, "deviation", scores, lead=2)  # ceil(5.6) = 6 of 14
+        assert chosen.nonzero().squeeze(1).tolist() == [0, 1, 7, 10, 11, 12]
+        # within a budget smaller than the leads, the leads rank among themselves by deviation
+        assert select(self.SEGMENTS, 0.1, "deviation", scores, lead=2).nonzero().squeeze(1).tolist() == [1, 10]
+
+    def test_deviation_weighs_v_and_k_by_their_own_scale(self):
+        own_k, own_v = torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)
+        donor_k, donor_v = own_k.clone(), own_v.clone()
+        donor_v[0] += 1000.0  # V moved far on token 0, K moved a little on token 2 and 3
+        donor_k[2] += 1.0
+        donor_k[3] += 2.0
+        scores = deviation(own_k, own_v, donor_k, donor_v)
+        assert scores.argmax().item() == 0 and scores[3] > scores[2] > scores[1] == 0
+        assert torch.allclose(scores, deviation(own_k * 10, own_v, donor_k * 10, donor_v))  # K's scale cancels
+        assert torch.isfinite(deviation(own_k, own_v, own_k, own_v)).all()  # identical KV: zeros, no NaN
 
 
 def _rope(base: float = 100000.0):

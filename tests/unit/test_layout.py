@@ -16,9 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("rksc_sgl", "radix_ext", "programs")
 MODULE_PACKAGES = ("rksc_sgl", "radix_ext", "programs", "benchmarks")
 MAX_LINES = 400
-# The one exemption: ASKS blend (532 lines), to be split once the blend work in flight has merged;
-# drop it from here then.
-OVER_LIMIT = {"radix_ext/asks/blend.py"}
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 COMMAND_SOURCES = ("README.md", "Makefile", "docs")
 
@@ -53,13 +50,9 @@ def documented_modules(text: str) -> set[str]:
 
 
 class TestFileSizes:
-    def test_no_product_file_is_over_the_limit_but_the_named_exemption(self):
+    def test_no_product_file_is_over_the_limit(self):
         over = {relative(p): n for p in python_files(PRODUCT) if (n := len(p.read_text().splitlines())) > MAX_LINES}
-        assert set(over) <= OVER_LIMIT, over
-
-    def test_the_exemption_still_exists(self):
-        """Drop the exemption once its file is split."""
-        assert all((ROOT / path).is_file() for path in OVER_LIMIT)
+        assert not over, over
 
 
 class TestArchitectureDoc:

@@ -1,0 +1,94 @@
+"""ASKS blend, the pure part: which reused tokens to recompute, and moving a key to a new position.
+
+``select`` chooses a share ``r`` of a request's reused tokens (``--asks-recompute``) to compute
+anyway, so that their KV attends to the request's own opening:
+
+* ``deviation`` (the default; CacheBlend's check plus EPIC's leading tokens): the first
+  ``CHECK_LAYERS`` layers run for every token; at the last of them each reused token's KV is
+  compared with the donor's (``deviation``: V, and K re-rotated to the request's position, each
+  distance divided by its mean over the request's reused tokens). The first ``LEAD_TOKENS`` of
+  each segment (right after the text that differs) come first,
+  then the tokens that deviate most, up to ``ceil(r * reused)``.
+* ``leading`` (EPIC): the first ``ceil(r * len)`` tokens of each segment, from layer 1.
+
+The defaults were chosen on multi-doc by first-token KL against exact at recompute 0.15: more
+check layers, the leading tokens and K beside V each lowered it (issue 35's notes hold the runs).
+
+``rerotate``: SGLang stores K after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one
+rotation by ``delta`` moves a stored key to position ``p + delta``; ``pure_rotation`` refuses
+tables that are not rotations (YaRN's scaled ones).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from radix_ext.asks.segments import Segment
+
+PURE_ATTR = "_rksc_pure_rotation"  # on a RotaryEmbedding: (its table, whether it is a pure rotation)
+CHECK_LAYERS = 4  # deviation selection: layers computed for every token before choosing
+LEAD_TOKENS = 4  # deviation selection: the first tokens of each segment, recomputed first
+
+
+def select(segments: list[Segment], recompute: float, selector: str,
+           deviation: torch.Tensor | None = None, lead: int = LEAD_TOKENS) -> torch.Tensor:
+    """Which reused tokens to recompute: a bool mask over the segments' tokens, concatenated.
+    ``deviation``: [reused] float, per token (``selector == "deviation"``); there the first
+    ``lead`` tokens of each segment outrank every other token, and rank among themselves by it."""
+    total = sum(s.length for s in segments)
+    keep = torch.zeros(total, dtype=torch.bool)
+    if recompute <= 0 or total == 0:
+        return keep
+    if recompute >= 1:
+        return ~keep
+    if selector == "leading":
+        offset = 0
+        for s in segments:
+            keep[offset: offset + math.ceil(recompute * s.length)] = True
+            offset += s.length
+        return keep
+    score = deviation.float().clone()
+    leading, offset = torch.zeros(total, dtype=torch.bool), 0
+    for s in segments:
+        leading[offset: offset + min(lead, s.length)] = True
+        offset += s.length
+    score[leading] += float(score.max()) + 1.0
+    keep[torch.topk(score, math.ceil(recompute * total)).indices] = True
+    return keep
+
+
+def deviation(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor, donor_v: torch.Tensor) -> torch.Tensor:
+    """[n] per token, how far a donor's KV stands from the request's own at one layer: the L2
+    distance of V plus that of K (``donor_k`` already re-rotated to the request's positions), each
+    divided by its mean over the ``n`` tokens, so that neither dominates by its scale."""
+    dv = (own_v.float() - donor_v.float()).flatten(1).norm(dim=1)
+    dk = (own_k.float() - donor_k.float()).flatten(1).norm(dim=1)
+    return dv / dv.mean().clamp_min(1e-12) + dk / dk.mean().clamp_min(1e-12)
+
+
+def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:
+    """Keys stored after RoPE at positions p, moved to p + delta: keys [n, heads, head_size],
+    deltas [n] int64, ``rotary`` the layer's RotaryEmbedding (a pure-rotation table)."""
+    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
+
+    cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
+    sin = torch.where(deltas[:, None] < 0, -sin, sin)
+    rot = rotary.rotary_dim
+    moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, rotary.is_neox_style).to(keys.dtype)
+    return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < keys.shape[-1] else moved
+
+
+def pure_rotation(rotary) -> bool:
+    """RoPE tables whose rows are rotations (cos^2 + sin^2 = 1) compose by adding positions;
+    scaled tables (YaRN's mscale) do not. Checked once per table (kept on the module)."""
+    table = getattr(rotary, "cos_sin_cache", None)
+    if table is None or not hasattr(rotary, "rotary_dim") or not hasattr(rotary, "is_neox_style"):
+        return False
+    checked = getattr(rotary, PURE_ATTR, None)
+    if checked is None or checked[0] is not table:
+        cos, sin = table[:64].float().chunk(2, dim=-1)
+        checked = (table, bool(torch.allclose(cos * cos + sin * sin, torch.ones_like(cos), atol=1e-4)))
+        setattr(rotary, PURE_ATTR, checked)
+    return checked[1]

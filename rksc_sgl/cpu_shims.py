@@ -1,6 +1,6 @@
 """Import-time shims that let stock SGLang 0.5.23 run on a CPU-only PyTorch.
 
-Why each shim exists (facts observed on a 2-core AVX2 machine with the CPU build of torch 2.13.0):
+Why each shim exists (facts observed on a 2-core AVX-512 machine (no AMX) with the CPU build of torch 2.13.0):
 
 * **torchvision ops.** SGLang imports torchvision (``srt/configs/deepseek_ocr.py``; transformers'
   image utilities too). The torchvision wheel that matches torch 2.13 is a CUDA build whose C

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from rksc_sgl.config import RkscConfig, check_server_args
 from rksc_sgl.model_cache import resolve_model_path
 
-# Settings for SGLang's CPU path on a 2-core AVX2 machine. float32 was chosen by measurement
+# Settings for SGLang's CPU path on a 2-core AVX-512 machine (no AMX). float32 was chosen by measurement
 # (issue 3's table, stock torch_native: prefill 249 tok/s against 70 in float16, no native
 # half-precision matmul here). The KV pool is capped: SGLang's default sizing takes most of the RAM.
 # "rksc_cpu" is torch_native with batched decode attention, prefix-aware extend, oneDNN linears

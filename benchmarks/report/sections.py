@@ -273,6 +273,7 @@ ROOT = tables.RESULTS.parent.parent
 # docs/benchmarks.md's marker name -> the results file of its table, and how it is drawn.
 DOC_SECTIONS = {
     "speed": ("speed.jsonl", tables.speed_section),
+    "decode-profile": ("decode_profile.jsonl", tables.decode_profile_section),
     "bon-verify": ("bon-verify.jsonl", None),
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),
     "bon-verify-aa": ("aa/bon-verify.jsonl", None),

@@ -132,13 +132,32 @@ def _speed_row(label: str, mechanism: str, against: str, r: dict) -> list[str]:
             f"{r['tok_s']:.1f} vs {r['baseline_tok_s']:.1f} tok/s", *_run(r)]
 
 
-def _speed(rows: list[dict], kind: str, streams: int, baseline: str) -> dict:
-    """The row of the engine's default linears (a run may hold a row per linear dtype)."""
+DATASET_NAMES = {"coqa": "CoQA", "gsm8k": "GSM8K", "arc-challenge": "ARC-Challenge", "mmlu-stem": "MMLU-STEM",
+                 "gpqa": "GPQA"}
+
+
+def _scope(path: Path) -> str:
+    """What a run covered, from its rows: "CoQA x10, one repeat" or "GSM8K x50, median of 3"."""
+    r = latest_rows(path)[0]
+    repeats = r.get("repeats") or 1
+    return (f"{DATASET_NAMES.get(r['dataset'], r['dataset'])} x{r['n_problems']}, "
+            + ("one repeat" if repeats == 1 else f"median of {repeats}"))
+
+
+def _default_linears() -> str:
     from rksc_sgl.config import RkscConfig
 
-    linears = RkscConfig().cpu_linear_dtype
-    return next(r for r in rows if (r["kind"], r["streams"], r["baseline"]) == (kind, streams, baseline)
-                and r.get("linear_dtype", "float32") == linears)
+    return RkscConfig().cpu_linear_dtype
+
+
+def _speed(rows: list[dict], kind: str, streams: int, baseline: str) -> dict:
+    """The row of the engine's default linears (a run may hold a row per linear dtype)."""
+    row = next((r for r in rows if (r["kind"], r["streams"], r["baseline"]) == (kind, streams, baseline)
+                and r.get("linear_dtype", "float32") == _default_linears()), None)
+    if row is None:
+        raise ValueError(f"speed.jsonl's latest run has no {kind} row of {streams} streams against {baseline} with "
+                         f"{_default_linears()} linears: run python -m benchmarks.speed")
+    return row
 
 
 SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / agreement", "what it did", "commit",
@@ -155,10 +174,11 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                       adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'group-stop')}",
                       "early stop in the scheduler (group vote)", adaptive, "group-stop")] if in_scheduler else []),
-        *([_bench_row("role self-consistency over one passage, 8 roles, CoQA x10, one repeat", "ASKS blend",
-                      results / "blend" / "role-sc.jsonl", "asks-only")]
+        *([_bench_row(f"role self-consistency over one passage, 8 roles, {_scope(results / 'blend' / 'role-sc.jsonl')}",
+                      "ASKS blend", results / "blend" / "role-sc.jsonl", "asks-only")]
           if (results / "blend" / "role-sc.jsonl").exists() else []),
-        *([_bench_row("multi-document questions, 4 passages per branch order, CoQA x10, one repeat", "ASKS blend",
+        *([_bench_row("multi-document questions, 4 passages per branch order, "
+                      f"{_scope(results / 'blend' / 'multi-doc.jsonl')}", "ASKS blend",
                       results / "blend" / "multi-doc.jsonl", "asks-only")]
           if (results / "blend" / "multi-doc.jsonl").exists() else []),
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50 (before blend)", "ASKS adopt",
@@ -175,6 +195,9 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
                    _speed(speed, "prefill", 1, "stock")),
+        *([_speed_row("decode, 1 stream", f"CPU path, {_default_linears()} linears", "llama.cpp, Q4_1, same machine",
+                      _speed(speed, "decode", 1, "llama.cpp"))]
+          if any(r["baseline"] == "llama.cpp" for r in speed) else []),
         _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32, "unseeded")),
     ]
 
@@ -254,6 +277,22 @@ def scheduler_profile_section(path: Path) -> str:
                    + markdown(["mode", "bench wall s", "model forward s", "sampling s", "radix cache s",
                                "our other hooks s", "rest of the loop s"], body))
     return "\n".join(out)
+
+
+def decode_profile_section(path: Path) -> str:
+    """``benchmarks.decode_profile``'s latest run: per linear dtype and stream count, the unprofiled
+    rate and each part's ms per profiled step, kernel + Python."""
+    rows = latest_rows(path)
+    first = rows[0]
+    parts = sorted({p for r in rows for p in r["parts"]}, key=lambda p: -sum(sum(r["parts"].get(p, {}).values())
+                                                                             for r in rows))
+    body = [[r["linear_dtype"], str(r["streams"]), f"{r['tok_s']:.1f}", f"{r['step_ms']:.1f}"]
+            + [f"{r['parts'][p]['ops']:.1f} + {r['parts'][p]['python']:.1f}" if p in r["parts"] else "-"
+               for p in parts] for r in rows]
+    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, {first['new_tokens']} tokens per "
+            f"stream. Produced by:\n\n```bash\n{first['command']}\n```\n\n"
+            + markdown(["linears", "streams", "tok/s (unprofiled)", "profiled step ms",
+                        *[f"{p} ms (kernels + Python)" for p in parts]], body))
 
 
 def profile_bench_args(record: dict) -> str:

@@ -255,13 +255,13 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
     for plan in plans:
-        rows, donors = plan.reused_rows(), plan.donor_slots()
+        rows, donors, deltas = plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()
         scores = None
         if selector == "deviation":
             check = stack.layers[layers[full_layers - 1]].self_attn
             keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
-            scores = deviation(keys[own], values[own], rerotate(keys[donors], plan.reused_deltas(), check.rotary_emb),
+            scores = deviation(keys[own], values[own], rerotate(keys[donors], deltas, check.rotary_emb),
                                values[donors])
         chosen = select(plan.segments, plan.decision.recompute, selector, scores)
         plan.decision.outcome = "blended"
@@ -270,7 +270,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         keep[rows[~chosen]] = False
         skipped_rows.append(rows[~chosen])
         skipped_donors.append(donors[~chosen])
-        skipped_deltas.append(plan.reused_deltas()[~chosen])
+        skipped_deltas.append(deltas[~chosen])
         if plan.decision.reused_tokens:
             plan.req.skip_radix_cache_insert = True  # approximate KV never enters the tree
         state.blend_counters.count(plan.decision)

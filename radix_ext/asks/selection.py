@@ -11,8 +11,10 @@ anyway, so that their KV attends to the request's own opening:
   then the tokens that deviate most, up to ``ceil(r * reused)``.
 * ``leading`` (EPIC): the first ``ceil(r * len)`` tokens of each segment, from layer 1.
 
-The defaults were chosen on multi-doc by first-token KL against exact at recompute 0.15: more
-check layers, the leading tokens and K beside V each lowered it (issue 35's notes hold the runs).
+The defaults were chosen on multi-doc by first-token KL against exact at recompute 0.15: on 5
+problems, more check layers, the leading tokens and K beside V each lowered it (0.028 against
+0.063). On 10 problems, one repeat, it read 0.055, against 0.051 for the earlier selection
+(docs/benchmarks.md): the gain is not established beyond those 5 problems.
 
 ``rerotate``: SGLang stores K after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one
 rotation by ``delta`` moves a stored key to position ``p + delta``; ``pure_rotation`` refuses

@@ -280,6 +280,7 @@ DOC_SECTIONS = {
     "cgee-calibration": ("cgee_thresholds.json", tables.cgee_calibration_section),
     "blend-role-sc": ("blend/role-sc.jsonl", None),
     "blend-multi-doc": ("blend/multi-doc.jsonl", None),
+    "blend-paraphrase-sc": ("blend/paraphrase-sc.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
     "tot": ("tot.jsonl", None),

@@ -132,7 +132,7 @@ def _speed_row(label: str, mechanism: str, against: str, r: dict) -> list[str]:
             f"{r['tok_s']:.1f} vs {r['baseline_tok_s']:.1f} tok/s", *_run(r)]
 
 
-DATASET_NAMES = {"coqa": "CoQA", "gsm8k": "GSM8K", "arc-challenge": "ARC-Challenge", "mmlu-stem": "MMLU-STEM",
+DATASET_NAMES = {"coqa": "CoQA", "coqa-short": "CoQA", "gsm8k": "GSM8K", "arc-challenge": "ARC-Challenge", "mmlu-stem": "MMLU-STEM",
                  "gpqa": "GPQA"}
 
 
@@ -181,6 +181,10 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                       f"{_scope(results / 'blend' / 'multi-doc.jsonl')}", "ASKS blend",
                       results / "blend" / "multi-doc.jsonl", "asks-only")]
           if (results / "blend" / "multi-doc.jsonl").exists() else []),
+        *([_bench_row(f"self-consistency, 8 paraphrased branches, 8 shots, "
+                      f"{_scope(results / 'blend' / 'paraphrase-sc.jsonl')}", "ASKS blend",
+                      results / "blend" / "paraphrase-sc.jsonl", "asks-only")]
+          if (results / "blend" / "paraphrase-sc.jsonl").exists() else []),
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50 (before blend)", "ASKS adopt",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",
@@ -280,19 +284,20 @@ def scheduler_profile_section(path: Path) -> str:
 
 
 def decode_profile_section(path: Path) -> str:
-    """``benchmarks.decode_profile``'s latest run: per linear dtype and stream count, the unprofiled
-    rate and each part's ms per profiled step, kernel + Python."""
+    """``benchmarks.decode_profile``'s latest run: a column per (linear dtype, streams), a row per
+    part of the model with its ms per profiled step as kernels + Python."""
     rows = latest_rows(path)
     first = rows[0]
-    parts = sorted({p for r in rows for p in r["parts"]}, key=lambda p: -sum(sum(r["parts"].get(p, {}).values())
-                                                                             for r in rows))
-    body = [[r["linear_dtype"], str(r["streams"]), f"{r['tok_s']:.1f}", f"{r['step_ms']:.1f}"]
-            + [f"{r['parts'][p]['ops']:.1f} + {r['parts'][p]['python']:.1f}" if p in r["parts"] else "-"
-               for p in parts] for r in rows]
+    parts = sorted({p for r in rows for p in r["parts"]},
+                   key=lambda p: -sum(sum(r["parts"].get(p, {}).values()) for r in rows))
+    body = [["tok/s, unprofiled", *(f"{r['tok_s']:.1f}" for r in rows)],
+            ["profiled step, ms", *(f"{r['step_ms']:.1f}" for r in rows)]]
+    body += [[part, *(f"{r['parts'][part]['ops']:.1f} + {r['parts'][part]['python']:.1f}" if part in r["parts"]
+                      else "-" for r in rows)] for part in parts]
     return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, {first['new_tokens']} tokens per "
             f"stream. Produced by:\n\n```bash\n{first['command']}\n```\n\n"
-            + markdown(["linears", "streams", "tok/s (unprofiled)", "profiled step ms",
-                        *[f"{p} ms (kernels + Python)" for p in parts]], body))
+            + markdown(["ms per step: kernels + Python", *(f"{r['linear_dtype']}, {r['streams']} stream{'s' * (r['streams'] > 1)}" for r in rows)],
+                       body))
 
 
 def profile_bench_args(record: dict) -> str:

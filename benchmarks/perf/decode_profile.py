@@ -22,6 +22,7 @@ import glob
 import gzip
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def self_times(events: list[dict]) -> list[tuple[dict, float, list[dict]]]:
             stack[-1][1] -= e["dur"]
         stack.append(entry)
         out.append(entry)
-    return [(e, t, parents) for e, t, parents in out]
+    return [tuple(entry) for entry in out]
 
 
 def part_of(event: dict, parents: list[dict]) -> str:
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
     meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
             "model": args.model_path or MODEL_NAME, "new_tokens": args.new_tokens,
-            "command": "python -m benchmarks.decode_profile " + " ".join(argv if argv is not None else os.sys.argv[1:])}
+            "command": "python -m benchmarks.decode_profile " + " ".join(argv if argv is not None else sys.argv[1:])}
     rows = []
     for dtype in dtypes:
         engine = launch_engine(args.model_path, rksc=RkscConfig(cpu_linear_dtype=dtype), log_level="error")

@@ -4,7 +4,8 @@
 
 For each model dtype (``--dtypes``) it starts three in-process engines: ours (the CPU defaults,
 linears in ``--cpu-linear-dtype``), stock (SGLang's ``torch_native`` attention, float32 linears)
-and ours with SGLang's own sampler (``seeded_sampling`` off), warms them up, and measures (median of ``--repeats``, engines alternating): greedy decode throughput of
+and ours with SGLang's own sampler (``seeded_sampling`` off), warms them up, and measures (median
+of ``--repeats``, engines alternating): greedy decode throughput of
 N streams from one short prompt (``--new-tokens`` each, EOS ignored) and prefill throughput of one
 ``--prefill-tokens``-token prompt that shares only its first token with the cache (the rate
 counts the tokens computed), ours against stock; and
@@ -18,10 +19,10 @@ decode and prefill rows of their own (baseline ``float32``), and the reference o
 ``--agreement-prompts`` greedy continuations of ``--agreement-tokens`` tokens (GSM8K questions,
 EOS ignored): the row ``agreement`` counts the prompts whose tokens are all the same, and the
 median position of the first difference; a second row compares float32 linears with stock (MKL
-and SGLang's attention): what another summation order alone does. ``--llama-cpp`` adds llama.cpp (``llama-cpp-python``,
-an optional dependency: ``pip install llama-cpp-python``) on the packaged GGUF (Q4_1), its own
-threads at the machine's cores, as the baseline of 1-stream decode and of prefill: the same
-prompts, greedy, EOS ignored. Its high-level API runs one sequence, so it has no 8 / 32-stream
+and SGLang's attention): what another summation order alone does. ``--llama-cpp`` adds llama.cpp
+(``llama-cpp-python``, optional: ``make llamacpp``) on the packaged GGUF (Q4_1), its threads at
+the machine's cores, as the baseline of 1-stream decode and of prefill: the same prompts, greedy,
+EOS ignored. Its high-level API runs one sequence, so it has no 8 / 32-stream
 rows.
 """
 
@@ -72,8 +73,6 @@ def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:
 # as stock (radix_ext.cpu.speed is applied by rksc_cpu only) and samples with SGLang's sampler;
 # "unseeded" is ours with SGLang's sampler (radix_ext.sampling.sampler off).
 def engine_overrides(linear_dtype: str = "float32") -> dict[str, dict]:
-    from rksc_sgl.config import RkscConfig
-
     engines = {"ours": {"rksc": RkscConfig(cpu_linear_dtype=linear_dtype)},
                "stock": {"attention_backend": "torch_native", "rksc": RkscConfig(seeded_sampling=False)},
                "unseeded": {"rksc": RkscConfig(seeded_sampling=False, cpu_linear_dtype=linear_dtype)}}
@@ -145,7 +144,7 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
         for name, overrides in engine_overrides(args.cpu_linear_dtype).items():
             engines[name] = launch_engine(args.model_path, dtype=dtype, log_level="error", **overrides)
         tokenizer = AutoTokenizer.from_pretrained(engines["ours"].server_args.model_path)
-        for name, engine in engines.items():  # warm-up
+        for engine in engines.values():  # warm-up
             measure_decode(engine, 2, 8)
             measure_decode(engine, 2, 8, temperature=args.temperature)
             measure_prefill(engine, tokenizer, 64, salt=-1)

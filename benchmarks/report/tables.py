@@ -226,8 +226,9 @@ def speed_section(path: Path) -> str:
         f"\nGreedy agreement of ours with {r['linear_dtype']} linears against {r['baseline']}: {r['identical']} of "
         f"{r['prompts']} GSM8K prompts give the same {r['new_tokens']} tokens; the median first difference is "
         f"at token {r['median_first_difference']}.\n" for r in rows if r["kind"] == "agreement")
+    loads = ", ".join(str(x) for x in dict.fromkeys(r["load_avg_1min"] for r in rows))
     return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, model in {first['dtype']}, median of "
-            f"{first['repeats']}, 1-minute load average {first['load_avg_1min']} at the start.\n\n"
+            f"{first['repeats']}, 1-minute load average {loads} at the start of each run.\n\n"
             + markdown(["kind", "streams", "ours' linears", "ours tok/s", "baseline", "baseline tok/s", "ratio"], body)
             + agreement)
 

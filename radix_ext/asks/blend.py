@@ -26,6 +26,9 @@ recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks.decision``) and the cou
 
 A batch that also carries a CGEE verification row, a chunked prefill, a model or attention backend
 this does not cover, or page size > 1: the request computes every token (``outcome`` says why).
+So that a member is not chunked only because it came second (``hold_for_whole_prefill``, an
+AROUND hook on ``PrefillAdder.add_one_req``): a member that would not fit whole into a prefill
+batch that already holds requests waits for a later batch, at most ``MAX_HOLDS`` times.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 # On a Req: its ASKS decision, a BlendDecision here or radix_ext.asks's Decision (which reports both).
 DECISION_ATTR = "rksc_asks_decision"
+ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
+HOLDS_ATTR = "rksc_blend_holds"  # on a member Req: prefill batches it waited out so as not to be chunked
+MAX_HOLDS = 4  # then it is chunked as SGLang would (and computes every token)
 
 
 
@@ -160,7 +166,7 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
 
     options: AsksOptions = getattr(req, OPTIONS_ATTR)
     settings: BlendSettings = state.blend
-    recompute = settings.recompute if options.recompute is None else float(options.recompute)
+    recompute = _recompute(options, state)
     ids = req.origin_input_ids
     decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids))
     setattr(req, DECISION_ATTR, decision)
@@ -173,8 +179,8 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
         return None
     anchors = state.anchors.get(options.group, ())
     key = RadixKey(token_ids=ids, extra_key=req.extra_key, cache_salt=req.cache_salt)
-    segments = find_segments(anchors, key, prefix_len, len(ids) - settings.fresh_tail, options.group) \
-        if anchors else []
+    segments = find_segments(anchors, key, prefix_len, len(ids) - settings.fresh_tail, options.group,
+                             tree.anchor_end(req.last_node, options.group)) if anchors else []
     if not segments:
         state.blend_counters.count(decision)
         return None
@@ -244,7 +250,10 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     stack = model.model
     layers = list(range(stack.start_layer, stack.end_layer))
     selector = state.blend.selector
-    full_layers = min(CHECK_LAYERS, len(layers)) if selector == "deviation" else 0
+    # The check layers run for every token only where a share strictly between 0 and 1 is chosen
+    # by deviation: at 0 nothing is recomputed, at 1 everything is.
+    checked = selector == "deviation" and any(0 < p.decision.recompute < 1 for p in plans)
+    full_layers = min(CHECK_LAYERS, len(layers)) if checked else 0
     hidden = stack.embed_tokens(input_ids)
     residual_batch.start(forward_batch)
     for i in layers[:full_layers]:
@@ -257,7 +266,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     for plan in plans:
         rows, donors, deltas = plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()
         scores = None
-        if selector == "deviation":
+        if full_layers and 0 < plan.decision.recompute < 1:
             check = stack.layers[layers[full_layers - 1]].self_attn
             keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
@@ -337,6 +346,30 @@ def _write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: t
 _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)
 
 
+def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
+    """AROUND ``PrefillAdder.add_one_req``: a member that may blend, and that the batch being
+    built would chunk (its extend is longer than what is left of the chunk budget), stays in the
+    waiting queue (``CONTINUE`` without adding it: later requests may still join), unless the
+    batch is empty or it already waited ``MAX_HOLDS`` batches. A chunked prefill computes every
+    token; in the next batch it comes earlier and prefills whole."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    options = getattr(req, OPTIONS_ATTR, None)
+    budget = adder.rem_chunk_tokens
+    if (options is not None and budget is not None and adder.can_run_list and _live
+            and req.rid in tree.members and _recompute(options, _live[0]) < 1
+            and len(req.full_untruncated_fill_ids) - req.prefix_len > budget):
+        holds = getattr(req, HOLDS_ATTR, 0)
+        if holds < MAX_HOLDS:
+            setattr(req, HOLDS_ATTR, holds + 1)
+            return AddReqResult.CONTINUE
+    return original(adder, req, *args, **kwargs)
+
+
+def _recompute(options: AsksOptions, state) -> float:
+    return state.blend.recompute if options.recompute is None else float(options.recompute)
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -344,3 +377,4 @@ def install() -> None:
 
     for target in TARGETS:
         HookRegistry.register(target, around_forward, HookType.AROUND)
+    HookRegistry.register(ADD_ONE_REQ, hold_for_whole_prefill, HookType.AROUND)

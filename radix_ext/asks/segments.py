@@ -11,6 +11,10 @@ kept per group on the cache's ``AsksState`` (``radix_ext.asks.decision``).
 tokens, each position looks for the longest run of the request's tokens continuing below one of
 ``g``'s anchors, through ``g``'s nodes; a run of at least ``MIN_SEGMENT`` tokens is a *segment*
 ``(start, donor slots, delta)``, ``delta`` being the request's position minus the donor's.
+The search starts at the end of the request's own anchor when its cached prefix runs past it
+(``anchor_end``): an earlier request with the same opening may have left the first tokens of
+the text below that opening, so that the request leaves the cache inside the text, where no
+anchor's child begins; the run found from the anchor is cut at ``x``.
 What is done with a segment's KV is ``radix_ext.asks.blend``'s.
 """
 
@@ -128,10 +132,22 @@ def _continuation(child, key, pos: int, limit: int, group: str) -> tuple[int, li
     return matched, parts
 
 
-def find_segments(anchors, key, start: int, limit: int, group: str) -> list[Segment]:
+def anchor_end(node, group: str) -> int | None:
+    """Where the deepest anchor of ``group`` on the path from the root to ``node`` ends (None:
+    no anchor of ``group`` on it)."""
+    while node is not None:
+        anchor = getattr(node, ANCHOR_ATTR, None)
+        if anchor is not None and anchor[0] == group:
+            return anchor[1]
+        node = node.parent
+    return None
+
+
+def find_segments(anchors, key, start: int, limit: int, group: str, search_from: int | None = None) -> list[Segment]:
     """The reusable runs of ``key[start:limit]`` below ``anchors`` (nodes of ``group``, oldest
     first), greedy from the left, longest first at each position (of the ``MAX_HEADS_PER_TOKEN``
-    newest anchor children starting with that position's token)."""
+    newest anchor children starting with that position's token). Runs are looked for from
+    ``search_from`` (default ``start``; the end of the request's own anchor) and cut at ``start``."""
     heads: dict[Any, list[tuple[int, Any]]] = {}
     for anchor in reversed(list(anchors)):
         _group, end = getattr(anchor, ANCHOR_ATTR)
@@ -140,18 +156,21 @@ def find_segments(anchors, key, start: int, limit: int, group: str) -> list[Segm
                 found = heads.setdefault(child_key, [])
                 if len(found) < MAX_HEADS_PER_TOKEN:
                     found.append((end, child))
-    segments, pos, walks = [], start, 0
-    while heads and pos + MIN_SEGMENT <= limit and walks < MAX_WALKS_PER_REQUEST:
+    pos = start if search_from is None else min(search_from, start)
+    segments, walks = [], 0
+    while heads and max(pos, start) + MIN_SEGMENT <= limit and walks < MAX_WALKS_PER_REQUEST:
         best = (0, None, None)
         for end, child in heads.get(key.child_key_at(pos), ()):
             walks += 1
             matched, parts = _continuation(child, key, pos, limit, group)
-            if matched > best[0]:
-                best = (matched, parts, end)
-        matched, parts, donor_start = best
-        if matched >= MIN_SEGMENT:
-            segments.append(Segment(pos, torch.cat(parts).to(torch.int64), pos - donor_start))
-            pos += matched
+            if pos + matched - max(pos, start) > best[0]:
+                best = (pos + matched - max(pos, start), parts, end)
+        reused, parts, donor_start = best
+        if reused >= MIN_SEGMENT:
+            first = max(pos, start)
+            slots = torch.cat(parts).to(torch.int64)
+            segments.append(Segment(first, slots[first - pos:], pos - donor_start))
+            pos = first + reused
         else:
             pos += 1
     return segments

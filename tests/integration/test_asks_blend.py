@@ -31,9 +31,11 @@ pytestmark = pytest.mark.integration
 CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed=3)
 SHOTS = 8
 DEFAULT = RkscConfig().asks_recompute
+CHUNK = 1024  # a prefill chunk that holds one branch's prompt (about 760 tokens), not two
 ENGINES = {
     "all": dict(rksc=RkscConfig(asks=True, asks_recompute=1.0)),
     "default": dict(rksc=RkscConfig(asks=True)),
+    "small-chunks": dict(rksc=RkscConfig(asks=True), chunked_prefill_size=CHUNK),
 }
 
 
@@ -131,6 +133,37 @@ class TestDefaultShare:
         assert report["outcome"] == "no-donor", report
         stats = backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]
         assert stats["mode"] == "blend" and stats["blend"]["blended"] >= 3, stats
+        assert_no_kv_leak(backend)
+
+
+    def test_a_branch_whose_opening_already_leads_into_other_text_still_blends(self, engines, problem):
+        """A member of the group with branch 1's opening first reads another problem, computing
+        everything: the chat turn's first tokens after that opening are then cached, and branch 1
+        of the program leaves the cache inside its text, past its anchor. It still finds the
+        text below branch 0's opening (the search starts at its anchor's end)."""
+        backend = engines.get("default")
+        backend.flush_cache()
+        group = f"lead-{uuid.uuid4().hex}"
+        everything = load("gsm8k")
+        other = user_prompt(everything[1], exemplars_for(everything[1], tuple(everything[-200:]), SHOTS))
+        assert generate(backend, group, EVAL.paraphrases[1], other)["outcome"] == "no-donor"
+        result = solve(problem[0], 0, problem[1], CONFIG, backend, group=group)
+        reports = [b.asks for b in result.branches[1:]]
+        assert all(r["outcome"] == "blended" and r["reused_tokens"] > 0.6 * r["prompt_tokens"] for r in reports), reports
+        assert_no_kv_leak(backend)
+
+
+class TestAdmission:
+    def test_a_member_waits_for_a_batch_it_fits_in_whole_rather_than_be_chunked(self, engines, problem):
+        """With a 1,024-token prefill chunk, branches 1-3 (about 730 tokens each) arrive together:
+        SGLang would put the second into the same batch as a chunk, and a chunked prefill computes
+        every token. Each waits for a batch of its own and blends."""
+        backend = engines.get("small-chunks")
+        backend.flush_cache()
+        result = solve(problem[0], 0, problem[1], CONFIG, backend, group=f"chunks-{uuid.uuid4().hex}")
+        reports = [b.asks for b in result.branches[1:]]
+        assert all(CHUNK // 2 < r["prompt_tokens"] < CHUNK for r in reports), reports
+        assert [r["outcome"] for r in reports] == ["blended"] * 3, reports
         assert_no_kv_leak(backend)
 
 

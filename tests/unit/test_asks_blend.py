@@ -57,9 +57,10 @@ def member(cache, tokens: list[int], group: str = GROUP):
     return finish(cache, req, output=[7, 8])
 
 
-def segments_for(cache, tokens: list[int], start: int, group: str = GROUP, fresh_tail: int = 4):
+def segments_for(cache, tokens: list[int], start: int, group: str = GROUP, fresh_tail: int = 4,
+                 search_from: int | None = None):
     key = RadixKey(token_ids=array("q", tokens))
-    return find_segments(cache.asks.anchors.get(group, ()), key, start, len(tokens) - fresh_tail, group)
+    return find_segments(cache.asks.anchors.get(group, ()), key, start, len(tokens) - fresh_tail, group, search_from)
 
 
 def donor_tree(cache):
@@ -82,6 +83,28 @@ class TestSegments:
         donor_slots = cache.path_device_indices(
             cache.match_prefix(_params(HEAD + OPEN_A + SHARED + QUESTION)).last_device_node)
         first = len(HEAD + OPEN_A)
+        assert segment.donor_slots.tolist() == donor_slots[first: first + segment.length].tolist()
+
+    def test_a_request_that_leaves_the_cache_inside_the_text_still_finds_it(self):
+        # A sibling with the same opening left the text's first tokens below that opening (it read
+        # another problem after them): the request's cached prefix runs past its anchor, and the
+        # run below the other opening, found from the anchor's end, is cut where the cache ends.
+        cache = make()
+        donor_tree(cache)
+        member(cache, HEAD + OPEN_B + SHARED[:5] + [999] * 12)
+        request = HEAD + OPEN_B + SHARED + QUESTION
+        last = cache.match_prefix(_params(request)).last_device_node
+        start = len(cache.path_device_indices(last))
+        assert start == len(HEAD + OPEN_B) + 5
+        assert segments_for(cache, request, start) == []  # no anchor's child begins at SHARED[5]
+        anchor = asks_segments.anchor_end(last, GROUP)
+        assert anchor == len(HEAD + OPEN_B) and asks_segments.anchor_end(last, OTHER) is None
+        [segment] = segments_for(cache, request, start, search_from=anchor)
+        assert segment.start == start and segment.length == len(request) - 4 - start
+        assert segment.delta == len(OPEN_B) - len(OPEN_A)
+        donor_slots = cache.path_device_indices(
+            cache.match_prefix(_params(HEAD + OPEN_A + SHARED + QUESTION)).last_device_node)
+        first = len(HEAD + OPEN_A) + 5
         assert segment.donor_slots.tolist() == donor_slots[first: first + segment.length].tolist()
 
     def test_another_groups_text_is_never_a_donor(self):

@@ -371,10 +371,9 @@ def _recompute(options: AsksOptions, state) -> float:
 
 
 def install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+    from radix_ext import hooks
     from radix_ext.cgee.forward import TARGETS
 
     for target in TARGETS:
-        HookRegistry.register(target, around_forward, HookType.AROUND)
-    HookRegistry.register(ADD_ONE_REQ, hold_for_whole_prefill, HookType.AROUND)
+        hooks.around(target, around_forward)
+    hooks.around(ADD_ONE_REQ, hold_for_whole_prefill)

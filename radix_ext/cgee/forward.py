@@ -214,8 +214,8 @@ def count_layer_calls(config: dict[str, Any]):
 
 
 def install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from radix_ext import hooks
 
     exit_requests.install()
     for target in TARGETS:
-        HookRegistry.register(target, _around_forward, HookType.AROUND)
+        hooks.around(target, _around_forward)

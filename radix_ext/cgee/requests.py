@@ -99,6 +99,8 @@ def _same_batch_class(original, adder, req, *args, **kwargs):
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from radix_ext import hooks
+
     HookRegistry.register(SAMPLING_VERIFY, _check_request, HookType.AFTER)
     HookRegistry.register(CREATE_REQ, _flag_request, HookType.AFTER)
-    HookRegistry.register(ADD_ONE_REQ, _same_batch_class, HookType.AROUND)
+    hooks.around(ADD_ONE_REQ, _same_batch_class)

@@ -80,7 +80,7 @@ def _abort_with_children(original, manager, rid: str = "", abort_all: bool = Fal
 
 
 def install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from radix_ext import hooks
 
-    HookRegistry.register(BATCH_TARGET, _track_children, HookType.AROUND)
-    HookRegistry.register(ABORT_TARGET, _abort_with_children, HookType.AROUND)
+    hooks.around(BATCH_TARGET, _track_children)
+    hooks.around(ABORT_TARGET, _abort_with_children)

@@ -31,10 +31,16 @@ def around(target: str, hook: Callable[..., Any]) -> None:
 
 
 def _dispatcher(chain: list[Callable[..., Any]]) -> Callable[..., Any]:
+    # SGLang passes the target's plain function as ``original`` (``self`` comes in ``args``), the
+    # same object at every call: the chain is composed once, again only if a hook was added since.
+    composed: list[Any] = [None, -1, None]  # original, len(chain), composed call
+
     def dispatch(original, *args, **kwargs):
-        call = original
-        for hook in chain:
-            call = functools.partial(hook, call)
-        return call(*args, **kwargs)
+        if composed[0] is not original or composed[1] != len(chain):
+            call = original
+            for hook in chain:
+                call = functools.partial(hook, call)
+            composed[:] = [original, len(chain), call]
+        return composed[2](*args, **kwargs)
 
     return dispatch

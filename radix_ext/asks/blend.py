@@ -347,17 +347,19 @@ _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksSt
 
 
 def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
-    """AROUND ``PrefillAdder.add_one_req``: a member that may blend, and that the batch being
-    built would chunk (its extend is longer than what is left of the chunk budget), stays in the
-    waiting queue (``CONTINUE`` without adding it: later requests may still join), unless the
-    batch is empty or it already waited ``MAX_HOLDS`` batches. A chunked prefill computes every
-    token; in the next batch it comes earlier and prefills whole."""
+    """AROUND ``PrefillAdder.add_one_req``: a member that may blend (its group has anchors, so a
+    donor can exist), and that the batch being built would chunk (its extend is longer than what
+    is left of the chunk budget), stays in the waiting queue (``CONTINUE`` without adding it:
+    later requests may still join), unless the batch is empty or it already waited ``MAX_HOLDS``
+    batches. A chunked prefill computes every token; in the next batch it comes earlier and
+    prefills whole."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     options = getattr(req, OPTIONS_ATTR, None)
     budget = adder.rem_chunk_tokens
     if (options is not None and budget is not None and adder.can_run_list and _live
-            and req.rid in tree.members and _recompute(options, _live[0]) < 1
+            and req.rid in tree.members and _live[0].anchors.get(options.group)
+            and _recompute(options, _live[0]) < 1
             and len(req.full_untruncated_fill_ids) - req.prefix_len > budget):
         holds = getattr(req, HOLDS_ATTR, 0)
         if holds < MAX_HOLDS:

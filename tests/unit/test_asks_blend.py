@@ -277,3 +277,57 @@ class TestOptions:
                              ({"asks_recompute": 2}, "--asks-recompute"), ({"asks_fresh_tail": 0}, "--asks-fresh-tail")):
             with pytest.raises(ValueError, match=flag):
                 RkscConfig(**kwargs)
+
+
+class TestHold:
+    """``hold_for_whole_prefill``: which members a batch that would chunk them leaves queued."""
+
+    class Req:  # a weak reference must reach it (``segments.members``)
+        def __init__(self, rid: str, group: str = GROUP, recompute: float | None = None):
+            self.rid, self.prefix_len = rid, 10
+            self.full_untruncated_fill_ids = list(range(300))
+            setattr(self, asks_segments.OPTIONS_ATTR, AsksOptions(group=group, recompute=recompute))
+
+    @pytest.fixture
+    def held(self, monkeypatch):
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.schedule_policy import AddReqResult
+
+        from radix_ext.asks import blend
+
+        cache = make()
+        monkeypatch.setattr(blend, "_live", [cache.asks])
+        adder = SimpleNamespace(rem_chunk_tokens=100, can_run_list=[object()])
+
+        def held(req) -> bool:
+            asks_segments.members[req.rid] = req
+            try:
+                return blend.hold_for_whole_prefill(lambda *a: AddReqResult.NO_TOKEN, adder, req) \
+                    is AddReqResult.CONTINUE
+            finally:
+                asks_segments.members.pop(req.rid, None)
+
+        return cache, adder, held
+
+    def test_a_member_whose_group_has_a_donor_to_find_waits_at_most_its_bound(self, held):
+        from radix_ext.asks.blend import MAX_HOLDS
+
+        cache, _, held = held
+        commit(cache, HEAD + OPEN_A)
+        req = self.Req("r")
+        assert [held(req) for _ in range(MAX_HOLDS + 1)] == [True] * MAX_HOLDS + [False]
+
+    def test_a_member_of_a_group_without_anchors_is_never_delayed(self, held):
+        cache, _, held = held
+        commit(cache, HEAD + OPEN_A, group=OTHER)
+        assert not held(self.Req("r"))
+
+    def test_nothing_is_held_when_it_fits_or_computes_everything_or_the_batch_is_empty(self, held):
+        cache, adder, held = held
+        commit(cache, HEAD + OPEN_A)
+        assert not held(self.Req("whole", recompute=1.0))
+        adder.rem_chunk_tokens = 400
+        assert not held(self.Req("fits"))
+        adder.rem_chunk_tokens, adder.can_run_list = 100, []
+        assert not held(self.Req("alone"))

@@ -36,6 +36,34 @@ def test_hooks_chain_innermost_first_and_a_hook_that_answers_skips_only_the_inne
     assert dispatch(lambda x: x, -1) == "outer answered" and calls == ["outer"]
 
 
+def test_the_chain_is_composed_once_per_original_and_again_when_a_hook_joins(monkeypatch):
+    import functools
+    import types
+
+    registered, built = [], []
+    monkeypatch.setattr(hooks, "_chains", {})
+    monkeypatch.setattr("sglang.srt.plugins.hook_registry.HookRegistry.register",
+                        lambda target, fn, kind: registered.append(fn))
+    monkeypatch.setattr(hooks, "functools", types.SimpleNamespace(
+        partial=lambda *a: built.append(a[0]) or functools.partial(*a)))
+
+    def plus_one(original, x):
+        return original(x) + 1
+
+    def double(original, x):
+        return original(x) * 2
+
+    def f(x):
+        return x
+
+    hooks.around("pkg.g", plus_one)
+    [dispatch] = registered
+    assert [dispatch(f, 1), dispatch(f, 2)] == [2, 3] and built == [plus_one]
+    hooks.around("pkg.g", double)
+    assert dispatch(f, 1) == 4 and built == [plus_one, plus_one, double]
+    assert dispatch(lambda x: -x, 1) == 0 and len(built) == 5  # another original: composed anew
+
+
 def test_the_loaded_plugin_leaves_one_around_hook_per_target():
     """In a fresh interpreter (registration is process-wide): ``radix_ext.plugin.load()`` with
     every mechanism that registers an AROUND hook on, then SGLang's registry."""

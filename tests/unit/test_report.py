@@ -290,3 +290,15 @@ def test_blend_table_reads_each_mode_against_exact_beside_the_two_seed_floor():
     assert ("| coqa | asks-blend@0.15 | blend | 0.15 | 2.20 | 0.30 | 900 / 135 | 0.0123 (0.0500) | 0.25 | 0.610 "
             "| 0.80 (0.70) | 0.40 (0.30-0.50) | blended 7, no-anchor 1 |") in text
     assert blend_table([{**base, "mode": "exact"}]) == [] and blend_table([{"mode": "x", "dataset": "d"}]) == []
+
+
+def test_a_blend_workloads_headline_is_its_median_of_three_run_where_there_is_one(tmp_path):
+    from benchmarks.report.tables import _blend
+
+    (tmp_path / "blend").mkdir()
+    (tmp_path / "blend" / "role-sc.jsonl").write_text("{}\n")
+    assert _blend(tmp_path, "role-sc") == tmp_path / "blend" / "role-sc.jsonl"
+    (tmp_path / "blend-repeats").mkdir()
+    (tmp_path / "blend-repeats" / "role-sc.jsonl").write_text("{}\n")
+    assert _blend(tmp_path, "role-sc") == tmp_path / "blend-repeats" / "role-sc.jsonl"
+    assert _blend(tmp_path, "multi-doc") == tmp_path / "blend" / "multi-doc.jsonl"

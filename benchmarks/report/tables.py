@@ -176,22 +176,17 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
     adaptive = results / "adaptive" / "sc.jsonl"
     adaptive_modes = {r["mode"] for r in latest_rows(adaptive)} if adaptive.exists() else set()
     in_scheduler = "group-stop" in adaptive_modes
+    blend_workloads = {"role-sc": "role self-consistency over one passage, 8 roles",
+                       "multi-doc": "multi-document questions, 4 passages per branch order",
+                       "paraphrase-sc": "self-consistency, 8 paraphrased branches, 8 shots"}
+    blend_rows = [_bench_row(f"{what}, {_scope(path)}", "ASKS blend", path, "asks-only")
+                  for workload, what in blend_workloads.items() if (path := _blend(results, workload)).exists()]
     return [
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'adaptive')}", "early stop (adaptive vote)",
                       adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'group-stop')}",
                       "early stop in the scheduler (group vote)", adaptive, "group-stop")] if in_scheduler else []),
-        *([_bench_row(f"role self-consistency over one passage, 8 roles, {_scope(_blend(results, 'role-sc'))}",
-                      "ASKS blend", _blend(results, "role-sc"), "asks-only")]
-          if (_blend(results, "role-sc")).exists() else []),
-        *([_bench_row("multi-document questions, 4 passages per branch order, "
-                      f"{_scope(_blend(results, 'multi-doc'))}", "ASKS blend",
-                      _blend(results, "multi-doc"), "asks-only")]
-          if (_blend(results, "multi-doc")).exists() else []),
-        *([_bench_row(f"self-consistency, 8 paraphrased branches, 8 shots, "
-                      f"{_scope(_blend(results, 'paraphrase-sc'))}", "ASKS blend",
-                      _blend(results, "paraphrase-sc"), "asks-only")]
-          if (_blend(results, "paraphrase-sc")).exists() else []),
+        *blend_rows,
         _bench_row("self-consistency, 8 paraphrased branches, GSM8K x50 (before blend)", "ASKS adopt",
                    results / "paraphrase-sc.jsonl", "asks-only"),
         _bench_row("tree of thoughts, KV pool 1/4 of working set, GSM8K x20", "RSBCM", results / "tot.jsonl",

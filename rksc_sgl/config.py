@@ -76,12 +76,16 @@ class RkscConfig:
     # rewrites a branch's opening span to a sibling's wording (exact KV, changed prompt).
     asks_mode: str = "blend"
     # Blend: the share of reused tokens recomputed (0: none, 1.0: all, token-identical to exact),
-    # chosen by "deviation" (CacheBlend: layers 1-2 computed whole, then the tokens whose value
-    # vectors deviate most from the donor's) or "leading" (EPIC: the first tokens of each reused
+    # chosen by "deviation" (CacheBlend: the first layers computed whole, then the tokens whose KV
+    # deviates most from the donor's) or "leading" (EPIC: the first tokens of each reused
     # segment); the request's last asks_fresh_tail tokens (question, assistant header) always are.
-    asks_recompute: float = 0.15
+    asks_recompute: float = 0.05
     asks_select: str = "deviation"
     asks_fresh_tail: int = 32
+    # Blend's gate (selector "deviation", share strictly between 0 and 1): every reused token whose
+    # KV at the check layer stands further than this from the request's own (relative L2 of V or
+    # of K) is recomputed too, beyond the share; "inf" turns the gate off.
+    asks_max_deviation: float = 0.07
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size. Norms, attention, the KV cache and sampling stay float32.
@@ -184,6 +188,9 @@ def _check_asks(config: RkscConfig) -> None:
     if config.asks_select not in ASKS_SELECTORS:
         raise ValueError(f"--asks-select must be one of {', '.join(ASKS_SELECTORS)}, got {config.asks_select!r}")
     check_recompute("--asks-recompute", config.asks_recompute)
+    value = config.asks_max_deviation
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        raise ValueError(f"--asks-max-deviation must be a number > 0 ('inf': no gate), got {value!r}")
     value = config.asks_fresh_tail
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"--asks-fresh-tail must be an int >= 1, got {value!r}")

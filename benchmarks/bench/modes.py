@@ -10,7 +10,8 @@ server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-
 ``exact-reseed`` is ``exact`` sampling with another seed base (``RESEED_OFFSET``): its agreement
 with ``exact`` is the two-seed noise floor that quality against exact is read against;
 ``asks-blend@R`` (``--asks-recompute-sweep``, ``sweep_modes``) is blend with every request asking
-for recompute share R (``AsksOptions.recompute``); ``adaptive`` is ``exact`` plus
+for recompute share R (``AsksOptions.recompute``) and the gate off (``--asks-max-deviation inf``:
+the share alone, so that the curve shows what the share buys); ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
 decides its vote; ``group-stop`` is ``exact`` plus the same rule as the runtime's group policy:
 every branch is launched at once, as in ``exact``, and the scheduler stops those still running
@@ -22,6 +23,7 @@ which has not landed is refused, naming it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from rksc_sgl.config import BACKEND_NAME, RkscConfig
@@ -45,10 +47,14 @@ class Mode:
     # Blend: the recompute share every request of the workload asks for (AsksOptions.recompute);
     # None: the server's --asks-recompute.
     recompute: float | None = None
+    # Blend: the server's --asks-max-deviation (the gate); None: RkscConfig's default.
+    max_deviation: float | None = None
     seed_offset: int = 0  # added to the run's --seed (exact-reseed: the two-seed noise floor)
 
     def rksc_config(self) -> RkscConfig:
         asks = {"asks_mode": self.asks_mode} if self.asks_mode else {}
+        if self.max_deviation is not None:
+            asks["asks_max_deviation"] = self.max_deviation
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms, **asks)
 
     @property
@@ -120,7 +126,8 @@ def sweep_modes(spec: str) -> list[Mode]:
             share = check_recompute("--asks-recompute-sweep", float(part))
         except ValueError as e:
             raise ValueError(f"--asks-recompute-sweep: {part!r} is not a share in [0, 1]") from e
-        modes.append(Mode(f"{SWEEP_PREFIX}{share:g}", frozenset({"asks"}), asks_mode="blend", recompute=share))
+        modes.append(Mode(f"{SWEEP_PREFIX}{share:g}", frozenset({"asks"}), asks_mode="blend", recompute=share,
+                          max_deviation=math.inf))
     if not modes:
         raise ValueError("--asks-recompute-sweep: give at least one share, e.g. 0,0.15,1.0")
     if len({m.name for m in modes}) != len(modes):

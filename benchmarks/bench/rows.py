@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -101,7 +102,9 @@ def blend_columns(args, mode, r, by_mode) -> dict:
     computed = sum(c.prefill_tokens for c in r["counters"])
     exact = by_mode.get("exact")
     exact_computed = sum(c.prefill_tokens for c in exact["counters"]) if exact else None
+    gate = mode.rksc_config().asks_max_deviation if mode.effective_asks_mode == "blend" else None
     out = {"asks_mode": mode.effective_asks_mode, "asks_recompute_asked": mode.recompute,
+           "asks_max_deviation": gate if gate is not None and math.isfinite(gate) else None,
            "seed_offset": mode.seed_offset or None,
            "prefill_tokens_computed": computed, "blended_tokens": sum(c.blended_tokens for c in r["counters"]),
            "prefill_computed_vs_exact": st.ratio(computed, exact_computed)}

@@ -72,11 +72,14 @@ def branch_quality(results, exact_results) -> dict[str, Any]:
 
 def blend_work(results) -> dict[str, Any]:
     """What the branches' ASKS reports say: tokens reused (served from a donor, not recomputed) and
-    recomputed, and how many branches had each outcome; None where no branch reported (ASKS off)."""
+    recomputed, of those covered the ones past the gate (``--asks-max-deviation``), and how many
+    branches had each outcome; None where no branch reported (ASKS off)."""
     reports = [b.asks for r in results for b in r.branches if b.asks]
     if not reports:
-        return {"asks_reused_tokens": None, "asks_recomputed_tokens": None, "asks_outcomes": None}
+        return {"asks_reused_tokens": None, "asks_recomputed_tokens": None, "asks_deviating_tokens": None,
+                "asks_outcomes": None}
     return {"asks_reused_tokens": sum(int(x.get("reused_tokens") or 0) for x in reports),
             "asks_recomputed_tokens": sum(int(x.get("recomputed_tokens") or 0) for x in reports),
+            "asks_deviating_tokens": sum(int(x.get("deviating_tokens") or 0) for x in reports),
             "asks_outcomes": dict(collections.Counter(str(x.get("outcome", "adopted" if x.get("adopted") else "none"))
                                                       for x in reports))}

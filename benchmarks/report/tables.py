@@ -347,21 +347,25 @@ def blend_table(rows: list[dict]) -> list[str]:
     floor = {r["dataset"]: r.get("answer_agreement_vs_exact") for r in rows if r["mode"] == "exact-reseed"}
     exact = {r["dataset"]: r for r in rows if r["mode"] == "exact"}
     out = ["", "Against `exact`, branch by branch on the same problems and seeds (`exact-reseed`: exact under "
-           "another seed base, the two-seed floor; `asks-blend@R`: every request asks blend to recompute share R; "
+           "another seed base, the two-seed floor; `asks-blend@R`: every request asks blend to recompute share R, "
+           "the gate off; gate: `--asks-max-deviation`, and the covered tokens past it, recomputed whatever the share; "
            "prefill computed = prompt - cached - blend's reused tokens (served from a donor, not recomputed), summed over the repeats; quality from the last repeat; the accuracy interval is "
            "exact's 95% Wilson interval):", "",
-           "| dataset | mode | ASKS mode | recompute asked | wall x exact | prefill computed x exact "
+           "| dataset | mode | ASKS mode | recompute asked | gate (tokens past it) | wall x exact | prefill computed x exact "
            "| reused / recomputed tokens (last repeat) | first-token KL median (p90) | identical outputs | ROUGE-L vs exact "
            "| vote agrees (two-seed floor) | accuracy (exact's 95% CI) | outcomes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:
         ci = (exact.get(r["dataset"]) or {}).get("accuracy_ci95")
         acc = f"{fmt(r['accuracy'], '.2f')} ({'-' if not ci else f'{ci[0]:.2f}-{ci[1]:.2f}'})"
         reused = (f"{r['asks_reused_tokens']} / {fmt(r.get('asks_recomputed_tokens'), 'd')}"
                   if r.get("asks_reused_tokens") is not None else "-")
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted((r.get("asks_outcomes") or {}).items())) or "-"
+        gate = (f"{r['asks_max_deviation']:g} ({fmt(r.get('asks_deviating_tokens'), 'd')})"
+                if r.get("asks_max_deviation") is not None else "-")
         out.append(
             f"| {r['dataset']} | {r['mode']} | {r.get('asks_mode') or '-'} | {fmt(r.get('asks_recompute_asked'), 'g')} "
+            f"| {gate} "
             f"| {fmt(r.get('speedup_vs_exact'), '.2f')} | {fmt(r.get('prefill_computed_vs_exact'), '.2f')} | {reused} "
             f"| {fmt(r.get('first_token_kl_median'), '.4f')} ({fmt(r.get('first_token_kl_p90'), '.4f')}) "
             f"| {fmt(r.get('output_identical_vs_exact'), '.2f')} | {fmt(r.get('rouge_l_vs_exact'), '.3f')} "

@@ -9,8 +9,9 @@ computed after another opening (``radix_ext.asks.segments``). For each run:
   refused).
 * **what is recomputed** (``radix_ext.asks.selection.select``): a share ``r`` of the reused
   tokens (``--asks-recompute``, per request ``AsksOptions.recompute``), chosen by deviation at an
-  early layer or by position in the run. The request's last ``fresh_tail`` tokens (the question,
-  the assistant header) are always computed.
+  early layer or by position in the run, plus, by deviation, every token whose KV there stands
+  further from the donor's than ``--asks-max-deviation`` (the gate). The request's last
+  ``fresh_tail`` tokens (the question, the assistant header) are always computed.
 
 ``blend_forward`` (an AROUND hook on the model's forward) runs the first layers for every token
 when the selector needs them, then carries only the kept rows: the others' KV is the donor's,
@@ -42,7 +43,7 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
-from radix_ext.asks.selection import CHECK_LAYERS, deviation, pure_rotation, rerotate, select
+from radix_ext.asks.selection import CHECK_LAYERS, deviation, pure_rotation, relative_deviation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from rksc_sgl.protocol import AsksOptions
 
@@ -68,6 +69,8 @@ class BlendDecision:
     segments: int = 0
     reused_tokens: int = 0  # KV taken from a donor and not recomputed
     recomputed_tokens: int = 0  # covered by a donor, recomputed anyway (selected)
+    deviating_tokens: int = 0  # of the covered, those past the gate (--asks-max-deviation)
+    max_deviation: float = float("inf")
     counted: bool = False
 
     adopted = False  # the adopt-mode interface of radix_ext.asks._report
@@ -76,7 +79,9 @@ class BlendDecision:
     def report(self) -> dict[str, Any]:
         return {"mode": "blend", "outcome": self.outcome, "recompute": self.recompute, "select": self.selector,
                 "prompt_tokens": self.prompt_tokens, "segments": self.segments,
-                "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens}
+                "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
+                "max_deviation": self.max_deviation if self.max_deviation != float("inf") else None,
+                "deviating_tokens": self.deviating_tokens}
 
 
 @dataclasses.dataclass
@@ -106,6 +111,7 @@ class BlendSettings:
     recompute: float
     selector: str
     fresh_tail: int
+    max_deviation: float = float("inf")  # the gate; inf: the share alone
 
 
 # ---- the forward ---------------------------------------------------------------------------
@@ -168,7 +174,8 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
     settings: BlendSettings = state.blend
     recompute = _recompute(options, state)
     ids = req.origin_input_ids
-    decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids))
+    decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids),
+                             max_deviation=settings.max_deviation)
     setattr(req, DECISION_ATTR, decision)
     if prefix_len + extend_len != len(ids) or req.output_ids:
         decision.outcome = "skipped:chunked"  # its prefill spans several forwards: no plan
@@ -265,14 +272,19 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
     for plan in plans:
         rows, donors, deltas = plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()
-        scores = None
+        scores = relative = None
         if full_layers and 0 < plan.decision.recompute < 1:
             check = stack.layers[layers[full_layers - 1]].self_attn
             keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
-            scores = deviation(keys[own], values[own], rerotate(keys[donors], deltas, check.rotary_emb),
-                               values[donors])
-        chosen = select(plan.segments, plan.decision.recompute, selector, scores)
+            own_k, own_v = keys[own], values[own]
+            donor_k, donor_v = rerotate(keys[donors], deltas, check.rotary_emb), values[donors]
+            scores = deviation(own_k, own_v, donor_k, donor_v)
+            if plan.decision.max_deviation != float("inf"):
+                relative = relative_deviation(own_k, own_v, donor_k, donor_v)
+                plan.decision.deviating_tokens = int((relative > plan.decision.max_deviation).sum())
+        chosen = select(plan.segments, plan.decision.recompute, selector, scores,
+                        relative=relative, max_deviation=plan.decision.max_deviation)
         plan.decision.outcome = "blended"
         plan.decision.recomputed_tokens = int(chosen.sum())
         plan.decision.reused_tokens = int((~chosen).sum())

@@ -8,7 +8,10 @@ anyway, so that their KV attends to the request's own opening:
   compared with the donor's (``deviation``: V, and K re-rotated to the request's position, each
   distance divided by its mean over the request's reused tokens). The first ``LEAD_TOKENS`` of
   each segment (right after the text that differs) come first,
-  then the tokens that deviate most, up to ``ceil(r * reused)``.
+  then the tokens that deviate most, up to ``ceil(r * reused)``. The gate
+  (``--asks-max-deviation``) then adds every token whose ``relative_deviation`` (its KV's
+  distance from the donor's in its own scale) exceeds it, whatever the share: the share adapts to
+  how far the donor's context stood from the request's.
 * ``leading`` (EPIC): the first ``ceil(r * len)`` tokens of each segment, from layer 1.
 
 The defaults were chosen on multi-doc by first-token KL against exact at recompute 0.15: on 5
@@ -35,10 +38,12 @@ LEAD_TOKENS = 4  # deviation selection: the first tokens of each segment, recomp
 
 
 def select(segments: list[Segment], recompute: float, selector: str,
-           deviation: torch.Tensor | None = None, lead: int = LEAD_TOKENS) -> torch.Tensor:
+           deviation: torch.Tensor | None = None, lead: int = LEAD_TOKENS,
+           relative: torch.Tensor | None = None, max_deviation: float = math.inf) -> torch.Tensor:
     """Which reused tokens to recompute: a bool mask over the segments' tokens, concatenated.
     ``deviation``: [reused] float, per token (``selector == "deviation"``); there the first
-    ``lead`` tokens of each segment outrank every other token, and rank among themselves by it."""
+    ``lead`` tokens of each segment outrank every other token, and rank among themselves by it,
+    and every token whose ``relative`` deviation exceeds ``max_deviation`` is added."""
     total = sum(s.length for s in segments)
     keep = torch.zeros(total, dtype=torch.bool)
     if recompute <= 0 or total == 0:
@@ -58,6 +63,8 @@ def select(segments: list[Segment], recompute: float, selector: str,
         offset += s.length
     score[leading] += float(score.max()) + 1.0
     keep[torch.topk(score, math.ceil(recompute * total)).indices] = True
+    if relative is not None:
+        keep |= relative > max_deviation
     return keep
 
 
@@ -68,6 +75,17 @@ def deviation(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor, d
     dv = (own_v.float() - donor_v.float()).flatten(1).norm(dim=1)
     dk = (own_k.float() - donor_k.float()).flatten(1).norm(dim=1)
     return dv / dv.mean().clamp_min(1e-12) + dk / dk.mean().clamp_min(1e-12)
+
+
+def relative_deviation(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor,
+                       donor_v: torch.Tensor) -> torch.Tensor:
+    """[n] per token, the gate's measure: the larger of ``|v - v'| / |v|`` and ``|k - k'| / |k|``
+    (L2 over heads; ``donor_k`` re-rotated to the request's positions), so one threshold reads
+    alike on every model and layer."""
+    own_k, own_v = own_k.float().flatten(1), own_v.float().flatten(1)
+    dv = (own_v - donor_v.float().flatten(1)).norm(dim=1) / own_v.norm(dim=1).clamp_min(1e-12)
+    dk = (own_k - donor_k.float().flatten(1)).norm(dim=1) / own_k.norm(dim=1).clamp_min(1e-12)
+    return torch.maximum(dv, dk)
 
 
 def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:

@@ -7,6 +7,7 @@ Requests go through the real ``RkscRadixCache.checkpoint`` over fake pools, as i
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import pytest
@@ -17,7 +18,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from radix_ext.asks import segments as asks_segments
 from radix_ext.asks.blend import BlendSettings
 from radix_ext.asks.segments import Segment, find_segments
-from radix_ext.asks.selection import deviation, pure_rotation, rerotate, select
+from radix_ext.asks.selection import deviation, pure_rotation, relative_deviation, rerotate, select
 from radix_ext.asks.decision import AsksState
 from radix_ext.asks.gate import Gate
 from radix_ext.cpu.attention import blend_extend_attention, extend_attention
@@ -212,6 +213,30 @@ class TestSelection:
         assert torch.isfinite(deviation(own_k, own_v, own_k, own_v)).all()  # identical KV: zeros, no NaN
 
 
+    def test_the_gate_adds_every_token_past_it_beyond_the_share(self):
+        scores = torch.zeros(14)
+        scores[12] = 9.0
+        relative = torch.full((14,), 0.01)
+        relative[[3, 5]] = torch.tensor([0.2, 0.11])
+        chosen = select(self.SEGMENTS, 0.05, "deviation", scores, lead=0, relative=relative, max_deviation=0.1)
+        assert chosen.nonzero().squeeze(1).tolist() == [3, 5, 12]  # ceil(0.7) = 1 by rank, 2 past the gate
+        # an infinite gate is the share alone; a gate nothing passes adds nothing
+        for gate in (math.inf, 0.5):
+            assert select(self.SEGMENTS, 0.05, "deviation", scores, lead=0, relative=relative,
+                          max_deviation=gate).nonzero().squeeze(1).tolist() == [12]
+
+    def test_relative_deviation_reads_each_tokens_kv_in_its_own_scale(self):
+        own_k, own_v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+        donor_k, donor_v = own_k.clone(), own_v.clone()
+        donor_v[1] += 0.1 * own_v[1]  # V off by a tenth of its norm
+        donor_k[2] -= 0.3 * own_k[2]  # K off by three tenths
+        rel = relative_deviation(own_k, own_v, donor_k, donor_v)
+        assert torch.allclose(rel, torch.tensor([0.0, 0.1, 0.3]), atol=1e-5)
+        scaled = relative_deviation(own_k * 7, own_v * 0.01, donor_k * 7, donor_v * 0.01)
+        assert torch.allclose(rel, scaled, atol=1e-5)  # the threshold reads alike at any scale
+        assert torch.isfinite(relative_deviation(own_k * 0, own_v * 0, own_k * 0, own_v * 0)).all()
+
+
 def _rope(base: float = 100000.0):
     """SGLang's RotaryEmbedding as the CPU engine builds it (its module reads is_cpu() at import;
     the scheduler has SGLANG_USE_CPU_ENGINE=1 by then, a test process need not)."""
@@ -274,9 +299,14 @@ class TestOptions:
         from rksc_sgl.config import RkscConfig
 
         for kwargs, flag in (({"asks_mode": "merge"}, "--asks-mode"), ({"asks_select": "random"}, "--asks-select"),
-                             ({"asks_recompute": 2}, "--asks-recompute"), ({"asks_fresh_tail": 0}, "--asks-fresh-tail")):
+                             ({"asks_recompute": 2}, "--asks-recompute"), ({"asks_fresh_tail": 0}, "--asks-fresh-tail"),
+                             ({"asks_max_deviation": 0}, "--asks-max-deviation"),
+                             ({"asks_max_deviation": -1.0}, "--asks-max-deviation"),
+                             ({"asks_max_deviation": math.nan}, "--asks-max-deviation"),
+                             ({"asks_max_deviation": "low"}, "--asks-max-deviation")):
             with pytest.raises(ValueError, match=flag):
                 RkscConfig(**kwargs)
+        assert RkscConfig(asks_max_deviation=math.inf).asks_max_deviation == math.inf  # the gate off
 
 
 class TestHold:

@@ -77,11 +77,14 @@ class TestModesAndFlags:
         assert MODES["exact"].effective_asks_mode is None and MODES["exact-reseed"].seed_offset > 0
 
     def test_the_sweep_makes_one_blend_mode_per_share(self):
-        from benchmarks.bench.modes import sweep_modes
+        from benchmarks.bench.modes import MODES, sweep_modes
 
         modes = sweep_modes("0, 0.15,1.0")
         assert [m.name for m in modes] == ["asks-blend@0", "asks-blend@0.15", "asks-blend@1"]
         assert [m.recompute for m in modes] == [0.0, 0.15, 1.0] and all(m.effective_asks_mode == "blend" for m in modes)
+        # the sweep shows what the share alone buys: the gate is off in its modes, on in asks-only
+        assert all(m.rksc_config().asks_max_deviation == math.inf for m in modes)
+        assert math.isfinite(MODES["asks-only"].rksc_config().asks_max_deviation)
 
     @pytest.mark.parametrize("spec", ["0,1.5", "x", "", "0.1,0.1"])
     def test_a_bad_sweep_is_refused_naming_the_flag(self, spec):

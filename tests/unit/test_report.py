@@ -284,11 +284,14 @@ def test_blend_table_reads_each_mode_against_exact_beside_the_two_seed_floor():
              "speedup_vs_exact": 2.2, "prefill_computed_vs_exact": 0.3, "asks_reused_tokens": 900,
              "asks_recomputed_tokens": 135, "first_token_kl_median": 0.0123, "first_token_kl_p90": 0.05,
              "output_identical_vs_exact": 0.25, "rouge_l_vs_exact": 0.61, "answer_agreement_vs_exact": 0.8,
-             "asks_outcomes": {"blended": 7, "no-anchor": 1}}]
+             "asks_outcomes": {"blended": 7, "no-anchor": 1}},
+            {**base, "mode": "asks-only", "asks_mode": "blend", "asks_max_deviation": 0.07,
+             "asks_deviating_tokens": 61, "speedup_vs_exact": 1.5}]
     text = "\n".join(blend_table(rows))
     assert "| coqa | exact |" not in text
-    assert ("| coqa | asks-blend@0.15 | blend | 0.15 | 2.20 | 0.30 | 900 / 135 | 0.0123 (0.0500) | 0.25 | 0.610 "
+    assert ("| coqa | asks-blend@0.15 | blend | 0.15 | - | 2.20 | 0.30 | 900 / 135 | 0.0123 (0.0500) | 0.25 | 0.610 "
             "| 0.80 (0.70) | 0.40 (0.30-0.50) | blended 7, no-anchor 1 |") in text
+    assert "| coqa | asks-only | blend | - | 0.07 (61) | 1.50 |" in text  # the gate, and the tokens past it
     assert blend_table([{**base, "mode": "exact"}]) == [] and blend_table([{"mode": "x", "dataset": "d"}]) == []
 
 

@@ -14,10 +14,16 @@ anyway, so that their KV attends to the request's own opening:
   how far the donor's context stood from the request's.
 * ``leading`` (EPIC): the first ``ceil(r * len)`` tokens of each segment, from layer 1.
 
-The defaults were chosen on multi-doc by first-token KL against exact at recompute 0.15: on 5
-problems, more check layers, the leading tokens and K beside V each lowered it (0.028 against
-0.063). On 10 problems, one repeat, it read 0.055, against 0.051 for the earlier selection
-(docs/benchmarks.md): the gain is not established beyond those 5 problems.
+The defaults were chosen on the benchmark's first 10 problems, one run each, by first-token KL
+against exact (median over branches):
+
+* ``CHECK_LAYERS``: on multi-doc at share 0.15, 1 / 2 / 4 check layers read KL 0.088 / 0.068 /
+  0.059 at 2.18x / 2.05x / 1.98x exact's wall; on paraphrase-sc 1 / 4 read 0.0029 / 0.0009 at
+  1.97x / 1.81x. Four layers cost about a tenth of the speed and keep the KL lowest.
+* the gate: the median relative deviation at layer 4 is 0.009 on paraphrase-sc, 0.015 on role-sc
+  and 0.090 on multi-doc (3 problems). At share 0.05, multi-doc read KL 0.034 with the gate at 0.1
+  (0.51x of exact's prefill computed, 1.45x wall) and 0.013 at 0.07 (0.69x, 1.23x); 0.07 passes
+  about 3% of paraphrase-sc's tokens and 4% of role-sc's.
 
 ``rerotate``: SGLang stores K after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one
 rotation by ``delta`` moves a stored key to position ``p + delta``; ``pure_rotation`` refuses

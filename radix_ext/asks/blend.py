@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Any
 
@@ -43,7 +44,7 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
-from radix_ext.asks.selection import CHECK_LAYERS, deviation, pure_rotation, relative_deviation, rerotate, select
+from radix_ext.asks.selection import CHECK_LAYERS, deviations, pure_rotation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from rksc_sgl.protocol import AsksOptions
 
@@ -70,7 +71,7 @@ class BlendDecision:
     reused_tokens: int = 0  # KV taken from a donor and not recomputed
     recomputed_tokens: int = 0  # covered by a donor, recomputed anyway (selected)
     deviating_tokens: int = 0  # of the covered, those past the gate (--asks-max-deviation)
-    max_deviation: float = float("inf")
+    max_deviation: float = math.inf  # the gate this request's selection applied (inf: none)
     counted: bool = False
 
     adopted = False  # the adopt-mode interface of radix_ext.asks._report
@@ -80,7 +81,7 @@ class BlendDecision:
         return {"mode": "blend", "outcome": self.outcome, "recompute": self.recompute, "select": self.selector,
                 "prompt_tokens": self.prompt_tokens, "segments": self.segments,
                 "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
-                "max_deviation": self.max_deviation if self.max_deviation != float("inf") else None,
+                "max_deviation": self.max_deviation if math.isfinite(self.max_deviation) else None,
                 "deviating_tokens": self.deviating_tokens}
 
 
@@ -111,7 +112,7 @@ class BlendSettings:
     recompute: float
     selector: str
     fresh_tail: int
-    max_deviation: float = float("inf")  # the gate; inf: the share alone
+    max_deviation: float = math.inf  # the gate; inf: the share alone
 
 
 # ---- the forward ---------------------------------------------------------------------------
@@ -174,8 +175,7 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
     settings: BlendSettings = state.blend
     recompute = _recompute(options, state)
     ids = req.origin_input_ids
-    decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids),
-                             max_deviation=settings.max_deviation)
+    decision = BlendDecision("no-donor", recompute, settings.selector, prompt_tokens=len(ids))
     setattr(req, DECISION_ATTR, decision)
     if prefix_len + extend_len != len(ids) or req.output_ids:
         decision.outcome = "skipped:chunked"  # its prefill spans several forwards: no plan
@@ -277,12 +277,10 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
             check = stack.layers[layers[full_layers - 1]].self_attn
             keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
-            own_k, own_v = keys[own], values[own]
-            donor_k, donor_v = rerotate(keys[donors], deltas, check.rotary_emb), values[donors]
-            scores = deviation(own_k, own_v, donor_k, donor_v)
-            if plan.decision.max_deviation != float("inf"):
-                relative = relative_deviation(own_k, own_v, donor_k, donor_v)
-                plan.decision.deviating_tokens = int((relative > plan.decision.max_deviation).sum())
+            scores, relative = deviations(keys[own], values[own], rerotate(keys[donors], deltas, check.rotary_emb),
+                                          values[donors])
+            plan.decision.max_deviation = state.blend.max_deviation  # the gate applies only here
+            plan.decision.deviating_tokens = int((relative > plan.decision.max_deviation).sum())
         chosen = select(plan.segments, plan.decision.recompute, selector, scores,
                         relative=relative, max_deviation=plan.decision.max_deviation)
         plan.decision.outcome = "blended"

@@ -290,8 +290,7 @@ def _register_blend(req, options: AsksOptions | None, reason: str | None, state:
         asks_segments.register_member(req, options)
     elif reason not in ("no-group", "opted-out", "bad-options"):
         decision = asks_blend.BlendDecision(f"skipped:{reason}", state.blend.recompute, state.blend.selector,
-                                            prompt_tokens=len(req.origin_input_ids),
-                                            max_deviation=state.blend.max_deviation)
+                                            prompt_tokens=len(req.origin_input_ids))
         state.blend_counters.count(decision)
         setattr(req, asks_blend.DECISION_ATTR, decision)
 

@@ -5,11 +5,11 @@ anyway, so that their KV attends to the request's own opening:
 
 * ``deviation`` (the default; CacheBlend's check plus EPIC's leading tokens): the first
   ``CHECK_LAYERS`` layers run for every token; at the last of them each reused token's KV is
-  compared with the donor's (``deviation``: V, and K re-rotated to the request's position, each
+  compared with the donor's (``deviations``: V, and K re-rotated to the request's position, each
   distance divided by its mean over the request's reused tokens). The first ``LEAD_TOKENS`` of
   each segment (right after the text that differs) come first,
   then the tokens that deviate most, up to ``ceil(r * reused)``. The gate
-  (``--asks-max-deviation``) then adds every token whose ``relative_deviation`` (its KV's
+  (``--asks-max-deviation``) then adds every token whose relative deviation (``deviations``: its KV's
   distance from the donor's in its own scale) exceeds it, whatever the share: the share adapts to
   how far the donor's context stood from the request's.
 * ``leading`` (EPIC): the first ``ceil(r * len)`` tokens of each segment, from layer 1.
@@ -74,24 +74,22 @@ def select(segments: list[Segment], recompute: float, selector: str,
     return keep
 
 
-def deviation(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor, donor_v: torch.Tensor) -> torch.Tensor:
-    """[n] per token, how far a donor's KV stands from the request's own at one layer: the L2
-    distance of V plus that of K (``donor_k`` already re-rotated to the request's positions), each
-    divided by its mean over the ``n`` tokens, so that neither dominates by its scale."""
-    dv = (own_v.float() - donor_v.float()).flatten(1).norm(dim=1)
-    dk = (own_k.float() - donor_k.float()).flatten(1).norm(dim=1)
-    return dv / dv.mean().clamp_min(1e-12) + dk / dk.mean().clamp_min(1e-12)
+def deviations(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor,
+               donor_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far a donor's KV stands from the request's own at one layer (``donor_k`` already
+    re-rotated to the request's positions), from one pass over the distances: ``(ranking,
+    relative)``, each [n] per token.
 
-
-def relative_deviation(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor,
-                       donor_v: torch.Tensor) -> torch.Tensor:
-    """[n] per token, the gate's measure: the larger of ``|v - v'| / |v|`` and ``|k - k'| / |k|``
-    (L2 over heads; ``donor_k`` re-rotated to the request's positions), so one threshold reads
-    alike on every model and layer."""
+    ``ranking`` (what the share takes first): the L2 distance of V plus that of K, each divided by
+    its mean over the ``n`` tokens, so that neither dominates by its scale. ``relative`` (the
+    gate's measure): the larger of ``|v - v'| / |v|`` and ``|k - k'| / |k|`` per token, so one
+    threshold reads alike on every model and layer."""
     own_k, own_v = own_k.float().flatten(1), own_v.float().flatten(1)
-    dv = (own_v - donor_v.float().flatten(1)).norm(dim=1) / own_v.norm(dim=1).clamp_min(1e-12)
-    dk = (own_k - donor_k.float().flatten(1)).norm(dim=1) / own_k.norm(dim=1).clamp_min(1e-12)
-    return torch.maximum(dv, dk)
+    dv = (own_v - donor_v.float().flatten(1)).norm(dim=1)
+    dk = (own_k - donor_k.float().flatten(1)).norm(dim=1)
+    ranking = dv / dv.mean().clamp_min(1e-12) + dk / dk.mean().clamp_min(1e-12)
+    relative = torch.maximum(dv / own_v.norm(dim=1).clamp_min(1e-12), dk / own_k.norm(dim=1).clamp_min(1e-12))
+    return ranking, relative
 
 
 def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:

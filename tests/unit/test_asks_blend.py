@@ -18,7 +18,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from radix_ext.asks import segments as asks_segments
 from radix_ext.asks.blend import BlendSettings
 from radix_ext.asks.segments import Segment, find_segments
-from radix_ext.asks.selection import deviation, pure_rotation, relative_deviation, rerotate, select
+from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
 from radix_ext.asks.decision import AsksState
 from radix_ext.asks.gate import Gate
 from radix_ext.cpu.attention import blend_extend_attention, extend_attention
@@ -207,10 +207,10 @@ class TestSelection:
         donor_v[0] += 1000.0  # V moved far on token 0, K moved a little on token 2 and 3
         donor_k[2] += 1.0
         donor_k[3] += 2.0
-        scores = deviation(own_k, own_v, donor_k, donor_v)
+        scores = deviations(own_k, own_v, donor_k, donor_v)[0]
         assert scores.argmax().item() == 0 and scores[3] > scores[2] > scores[1] == 0
-        assert torch.allclose(scores, deviation(own_k * 10, own_v, donor_k * 10, donor_v))  # K's scale cancels
-        assert torch.isfinite(deviation(own_k, own_v, own_k, own_v)).all()  # identical KV: zeros, no NaN
+        assert torch.allclose(scores, deviations(own_k * 10, own_v, donor_k * 10, donor_v)[0])  # K's scale cancels
+        assert torch.isfinite(deviations(own_k, own_v, own_k, own_v)[0]).all()  # identical KV: zeros, no NaN
 
 
     def test_the_gate_adds_every_token_past_it_beyond_the_share(self):
@@ -230,11 +230,11 @@ class TestSelection:
         donor_k, donor_v = own_k.clone(), own_v.clone()
         donor_v[1] += 0.1 * own_v[1]  # V off by a tenth of its norm
         donor_k[2] -= 0.3 * own_k[2]  # K off by three tenths
-        rel = relative_deviation(own_k, own_v, donor_k, donor_v)
+        rel = deviations(own_k, own_v, donor_k, donor_v)[1]
         assert torch.allclose(rel, torch.tensor([0.0, 0.1, 0.3]), atol=1e-5)
-        scaled = relative_deviation(own_k * 7, own_v * 0.01, donor_k * 7, donor_v * 0.01)
+        scaled = deviations(own_k * 7, own_v * 0.01, donor_k * 7, donor_v * 0.01)[1]
         assert torch.allclose(rel, scaled, atol=1e-5)  # the threshold reads alike at any scale
-        assert torch.isfinite(relative_deviation(own_k * 0, own_v * 0, own_k * 0, own_v * 0)).all()
+        assert torch.isfinite(deviations(own_k * 0, own_v * 0, own_k * 0, own_v * 0)[1]).all()
 
 
 def _rope(base: float = 100000.0):

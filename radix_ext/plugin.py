@@ -69,6 +69,9 @@ def load() -> None:
     from radix_ext.cpu import attention  # attention backend "rksc_cpu": batched CPU decode
 
     attention.install()
+    from radix_ext.cpu import decode  # a decode batch on rksc_cpu as one loop, SGLang's numbers
+
+    decode.install()
     from radix_ext.cgee import forward  # CGEE: verification requests may exit after layer l*
 
     forward.install()

@@ -56,6 +56,15 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
             "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod.apply",
         ),
+        "lean CPU decode": (
+            *early_exit.TARGETS, *(stack for stack, _ in early_exit.TARGETS.values()),
+            "sglang.kernels.fused_op.get_fused_op_backend",
+            "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method",
+            "sglang.srt.layers.linear.ColumnParallelLinear.forward",
+            "sglang.srt.layers.linear.RowParallelLinear.forward",
+            "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+            "sglang.srt.model_executor.forward_batch_info.ForwardMode.DECODE",
+        ),
         "ASKS": (
             asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *early_exit.TARGETS,
             asks.asks_blend.ADD_ONE_REQ, "sglang.srt.managers.schedule_policy.AddReqResult.CONTINUE",

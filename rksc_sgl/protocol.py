@@ -25,8 +25,9 @@ What comes back: ``meta_info`` keys ``rksc_exit_layer``, ``rksc_entropies``, ``r
 ``rksc_batch_rows``, ``rksc_lens_logprobs`` and ``rksc_layer_calls`` (flagged requests),
 ``SAMPLE_MARGIN_KEY`` (with ``report_sampling_margins``), ``ASKS_KEY`` (a list with one dict: the
 request's ASKS decision, see ``radix_ext.asks.decision``); in the server's internal state,
-``KV_POOL_KEY`` (the KV pool's accounting), ``STATS_KEY`` (cache counters) and ``CGEE_KEY`` (the
-server's CGEE thresholds, its ``--cgee-*`` flags: what ``verify()`` uses when the program passes none).
+``KV_POOL_KEY`` (the KV pool's accounting), ``STATS_KEY`` (cache counters), ``DECODE_KEY`` (decode
+steps by path, on the CPU) and ``CGEE_KEY`` (the server's CGEE thresholds, its ``--cgee-*`` flags:
+what ``verify()`` uses when the program passes none).
 
 Early exit, in detail. A verification request asks for a logit-lens forward in its sampling parameters::
 
@@ -62,6 +63,7 @@ KV_POOL_KEY = "rksc_kv_pool"
 STATS_KEY = "rksc_cache"
 CGEE_KEY = "rksc_cgee"  # {"tau_conf", "margin", "theta", "epsilon", "min_layer"}
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
+DECODE_KEY = "rksc_decode"  # internal state: decode steps by path (radix_ext.cpu.decode.stats)
 ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks.decision)
 
 

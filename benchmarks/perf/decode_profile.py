@@ -44,7 +44,7 @@ PARTS = (
     ("rotary", ("rotary_embedding",)),
     ("activation", ("activation.py",)),
     ("sampling", ("sampler.py", "radix_ext/sampling/")),
-    ("model (other)", ("sglang/srt/models/",)),
+    ("model (other)", ("sglang/srt/models/", "radix_ext/cpu/decode.py")),  # decode.py: the lean loop
     ("scheduler", ("sglang/srt/",)),
 )
 OTHER = "other"

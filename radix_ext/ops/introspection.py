@@ -7,14 +7,15 @@ hook on ``SchedulerInternalStateController.get_internal_state`` adds ``rksc_kv_p
 tokens, and the scheduler's ``queued_requests`` and ``running_requests``. ``evicted_tokens`` totals ``EvictResult.num_tokens_evicted`` since start-up, counted by
 AFTER hooks on the two eviction entry points that free KV: ``RadixCache.evict`` (Python tree, our
 backend's parent) and ``UnifiedRadixCache._evict`` (SGLang's default, Rust tree core). Reading it
-is only meaningful while no request runs.
+is only meaningful while no request runs. It also adds ``rksc_decode``: how many decode steps
+took the lean loop of ``radix_ext.cpu.decode`` and SGLang's forward.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rksc_sgl.protocol import KV_POOL_KEY as KEY
+from rksc_sgl.protocol import DECODE_KEY, KV_POOL_KEY as KEY
 
 TARGET = (
     "sglang.srt.managers.scheduler_components.internal_state."
@@ -42,7 +43,10 @@ def kv_pool_stats(scheduler) -> dict[str, Any]:
 
 
 def _add_kv_pool_stats(result, controller, *args, **kwargs):
+    from radix_ext.cpu import decode
+
     result.internal_state[KEY] = kv_pool_stats(controller.scheduler)
+    result.internal_state[DECODE_KEY] = decode.stats()
     return result
 
 

@@ -48,8 +48,8 @@ def enabled() -> bool:
 class LayerPlan:
     """One decoder layer's callables, resolved once per model."""
 
-    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "act", "rope", "attn", "q_size", "kv_size",
-                 "k_heads", "v_heads", "qk_dim", "v_dim")
+    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down", "act", "rope", "rotary", "attn", "q_size",
+                 "kv_size", "q_heads", "k_heads", "v_heads", "qk_dim", "v_dim")
 
     def __init__(self, layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
@@ -58,9 +58,11 @@ class LayerPlan:
         self.gate_up, self.down = _linear(mlp.gate_up_proj), _linear(mlp.down_proj)
         self.act = _resolved(mlp.act_fn)
         self.rope = _resolved(attn.rotary_emb)
+        self.rotary = attn.rotary_emb if _plain_neox(attn.rotary_emb, self.rope) else None
         self.attn = attn.attn
         self.q_size, self.kv_size = attn.q_size, attn.kv_size
-        self.k_heads, self.v_heads = self.attn.tp_k_head_num, self.attn.tp_v_head_num
+        self.q_heads, self.k_heads, self.v_heads = (self.attn.tp_q_head_num, self.attn.tp_k_head_num,
+                                                    self.attn.tp_v_head_num)
         self.qk_dim, self.v_dim = self.attn.qk_head_dim, self.attn.v_head_dim
 
 
@@ -75,6 +77,28 @@ def _resolved(op):
     if op._forward_method is None:
         op._forward_method = op._resolve_forward_method()
     return op._forward_method
+
+
+def _plain_neox(rotary, resolved) -> bool:
+    """A rotary embedding whose resolved forward is ``RotaryEmbedding.forward_native`` with the
+    plain neox rotation over whole heads: ``_rotate`` computes what it computes, from one lookup of
+    the step's cos / sin instead of one per layer."""
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
+
+    return (getattr(resolved, "__func__", None) is RotaryEmbedding.forward_native
+            and getattr(rotary, "_apply_rotary_emb_wrapped", None) is apply_rotary_emb
+            and rotary.is_neox_style and rotary.rotary_dim == rotary.head_size
+            and not hasattr(rotary, "sin_cos_cache"))
+
+
+def _rotate(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary_emb`` (neox) of [n, heads * head_size] with cos / sin [n, 1, head_size / 2]:
+    the same products and sums, so the same bits."""
+    n, half = x.shape[0], cos.shape[-1]
+    x = x.view(n, heads, 2 * half)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(n, heads * 2 * half)
 
 
 def _linear(layer):
@@ -163,13 +187,21 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
     stack = model.model
     hidden = stack.embed_tokens(input_ids)
     residual = None
+    tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary module -> this step's cos, sin
     for p in plans:
         if residual is None:  # the stack's input is the first residual
             residual, x = hidden, p.ln1(hidden)
         else:
             x, residual = p.ln1(hidden, residual)
         q, k, v = p.qkv(x).split([p.q_size, p.kv_size, p.kv_size], dim=-1)
-        q, k = p.rope(positions, q, k)
+        if p.rotary is None:
+            q, k = p.rope(positions, q, k)
+        else:
+            table = tables.get(id(p.rotary))
+            if table is None:
+                cos, sin = p.rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+                table = tables[id(p.rotary)] = (cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype))
+            q, k = _rotate(q, p.q_heads, *table), _rotate(k, p.k_heads, *table)
         out = backend.forward_decode(q, k.view(-1, p.k_heads, p.qk_dim), v.view(-1, p.v_heads, p.v_dim),
                                      p.attn, forward_batch)
         hidden = p.o(out)

@@ -197,8 +197,8 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         _bench_row("best-of-4 + verifier, KV pool 1/4, 4 datasets x50", "RSBCM",
                    results / "capped" / "bon-verify.jsonl", "rsbcm-only"),
         _cgee_row("best-of-4 + verifier, 4 datasets x50, verification phase", results / "bon-verify.jsonl"),
-        _speed_row("decode, 1 stream", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 1, "stock")),
-        _speed_row("decode, 32 streams", "CPU attention backend", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
+        _speed_row("decode, 1 stream", "CPU backend, lean decode", "stock `torch_native`", _speed(speed, "decode", 1, "stock")),
+        _speed_row("decode, 32 streams", "CPU backend, lean decode", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
                    _speed(speed, "prefill", 1, "stock")),
         *([_speed_row("decode, 1 stream", f"CPU path, {_default_linears()} linears", "llama.cpp, Q4_1, same machine",
@@ -300,7 +300,28 @@ def decode_profile_section(path: Path) -> str:
     return (f"Commit {first['commit']}, {first['date']}, {first['machine']}, {first['new_tokens']} tokens per "
             f"stream. Produced by:\n\n```bash\n{first['command']}\n```\n\n"
             + markdown(["ms per step: kernels + Python", *(f"{r['linear_dtype']}, {r['streams']} stream{'s' * (r['streams'] > 1)}" for r in rows)],
-                       body))
+                       body)
+            + _profile_history(path, [(r["linear_dtype"], r["streams"]) for r in rows]))
+
+
+def _profile_history(path: Path, columns: list[tuple[str, int]]) -> str:
+    """Every run of the file, oldest first, as its profiled step, its Python ms (the parts'
+    Python time summed) and its unprofiled rate, in the latest run's columns: a change's before and after."""
+    runs: dict[str, dict[tuple[str, int], dict]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            runs.setdefault(r["commit"], {})[(r["linear_dtype"], r["streams"])] = r
+    if len(runs) < 2:
+        return ""
+
+    def cell(r: dict | None) -> str:
+        return "-" if r is None else f"{r['step_ms']:.1f} / {sum(p['python'] for p in r['parts'].values()):.1f} / {r['tok_s']:.1f}"
+
+    body = [[f"{commit} ({next(iter(by.values()))['date']})", *(cell(by.get(c)) for c in columns)]
+            for commit, by in runs.items()]
+    return ("\n\nEvery run in the file, oldest first: profiled step ms / of it Python ms / unprofiled tok/s.\n\n"
+            + markdown(["commit", *(f"{d}, {n} stream{'s' * (n > 1)}" for d, n in columns)], body))
 
 
 def profile_bench_args(record: dict) -> str:

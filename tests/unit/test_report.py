@@ -305,3 +305,21 @@ def test_a_blend_workloads_headline_is_its_median_of_three_run_where_there_is_on
     (tmp_path / "blend-repeats" / "role-sc.jsonl").write_text("{}\n")
     assert _blend(tmp_path, "role-sc") == tmp_path / "blend-repeats" / "role-sc.jsonl"
     assert _blend(tmp_path, "multi-doc") == tmp_path / "blend" / "multi-doc.jsonl"
+
+
+def test_the_decode_profile_keeps_every_earlier_run_as_its_before(tmp_path):
+    from benchmarks.report.tables import decode_profile_section
+
+    def row(commit, step, python, tok_s):
+        return json.dumps({"commit": commit, "date": "2026-12-05", "machine": "m", "new_tokens": 32, "command": "c",
+                           "linear_dtype": "float32", "streams": 1, "tok_s": tok_s, "step_ms": step,
+                           "parts": {"linears": {"ops": step - python, "python": python / 2},
+                                     "norms": {"ops": 0.0, "python": python / 2}}})
+
+    path = tmp_path / "decode_profile.jsonl"
+    path.write_text(row("old", 72.5, 29.0, 17.0) + "\n")
+    assert "oldest first" not in decode_profile_section(path)  # one run: no history
+    path.write_text(row("old", 72.5, 29.0, 17.0) + "\n" + row("new", 43.8, 11.0, 24.4) + "\n")
+    text = decode_profile_section(path)
+    assert text.startswith("Commit new")
+    assert "| old (2026-12-05) | 72.5 / 29.0 / 17.0 |" in text and "| new (2026-12-05) | 43.8 / 11.0 / 24.4 |" in text

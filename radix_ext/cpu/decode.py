@@ -9,12 +9,15 @@ most of what stands between a step and its weights' read time.
 ``lean_decode`` is the AROUND hook on the model's forward that runs a decode batch as one plain
 loop: per layer the same callables SGLang's dispatch resolves to (the norms' and rotary's
 resolved forward, the linears' ``quant_method.apply``, our backend's ``forward_decode``), in the
-same order on the same tensors, so the step's numbers are SGLang's bit for bit
-(``tests/integration/test_lean_decode.py`` compares greedy tokens and logits). It applies only
+same order on the same tensors; where the rotary forward is the plain neox one, its cos / sin are
+looked up once per step instead of once per layer and the rotation (``_rotate``) does the same
+products and sums. So a step's numbers are SGLang's bit for bit
+(``tests/integration/test_lean_decode.py``: one stream's log-probabilities equal, batches within
+float rounding, since which requests share a step differs between two engines). It applies only
 where that holds: a decode batch of a plain Llama / Qwen2 stack on one rank, unquantized linears
 at tensor parallel 1, no module hooks, no captured hidden states; anything else keeps SGLang's
 forward. ``RKSC_CPU_LEAN_DECODE=0`` turns it off (ablations). How many decode steps took each
-path, and why a model keeps SGLang's, is in the server's internal state (``DECODE_KEY``).
+path, and why a model keeps SGLang's, is in the server's internal state (``rksc_decode``).
 """
 
 from __future__ import annotations
@@ -24,11 +27,8 @@ from typing import Any
 
 import torch
 
-
 LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
 PLAN_ATTR = "_rksc_lean_decode_plan"  # on the model: its LayerPlan list, or the reason it has none
-
-
 _counts = {"lean_steps": 0, "stock_steps": 0, "unsupported": None}  # this scheduler's decode steps
 
 

@@ -85,7 +85,7 @@ class RkscConfig:
     # Blend's gate (selector "deviation", share strictly between 0 and 1): every reused token whose
     # KV at the check layer stands further than this from the request's own (relative L2 of V or
     # of K) is recomputed too, beyond the share; "inf" turns the gate off.
-    asks_max_deviation: float = 0.07
+    asks_max_deviation: float = 0.025
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size. Norms, attention, the KV cache and sampling stay float32.

@@ -13,7 +13,8 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
     from radix_ext.asks import decision as asks
-    from radix_ext.cgee import forward as early_exit, requests as exit_requests
+    from radix_ext import model_stack
+    from radix_ext.cgee import requests as exit_requests
     from radix_ext.cpu import heap_trim
     from radix_ext.ops import batch_guards, introspection, metrics, request_guards
     from radix_ext.sampling import sampler
@@ -42,7 +43,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.mem_cache.evict_policy.EvictionStrategy",
         ),
         "CGEE early exit": (
-            *early_exit.TARGETS, *(stack for stack, _ in early_exit.TARGETS.values()),
+            *model_stack.TARGETS, *(stack for stack, _ in model_stack.TARGETS.values()),
             exit_requests.CREATE_REQ, exit_requests.ADD_ONE_REQ,
             "sglang.srt.managers.schedule_policy.AddReqResult.OTHER",
             f"{_RESIDUAL}.start", f"{_RESIDUAL}.snapshot", f"{_RESIDUAL}.final_norm",
@@ -57,7 +58,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod.apply",
         ),
         "lean CPU decode": (
-            *early_exit.TARGETS, *(stack for stack, _ in early_exit.TARGETS.values()),
+            *model_stack.TARGETS, *(stack for stack, _ in model_stack.TARGETS.values()),
             "sglang.kernels.fused_op.get_fused_op_backend",
             "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method",
             "sglang.srt.layers.linear.ColumnParallelLinear.forward",
@@ -66,7 +67,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.model_executor.forward_batch_info.ForwardMode.DECODE",
         ),
         "ASKS": (
-            asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *early_exit.TARGETS,
+            asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *model_stack.TARGETS,
             asks.asks_blend.ADD_ONE_REQ, "sglang.srt.managers.schedule_policy.AddReqResult.CONTINUE",
             f"{_RADIX}._delete_leaf", f"{_RADIX}.checkpoint", f"{_RADIX}._split_node",
             "sglang.srt.mem_cache.radix_cache.RadixKey.child_key_at",

@@ -41,7 +41,7 @@ PARTS = (
     ("layer boundaries", ("layers/layer_boundary/",)),  # SGLang's per-layer stage machinery
     ("attention", ("radix_ext/cpu/attention.py", "radix_attention.py", "torch_native_backend.py")),
     ("norms", ("layernorm.py",)),
-    ("rotary", ("rotary_embedding",)),
+    ("rotary", ("rotary_embedding", "): _rotate")),  # "): _rotate": the lean loop's own rotation
     ("activation", ("activation.py",)),
     ("sampling", ("sampler.py", "radix_ext/sampling/")),
     ("model (other)", ("sglang/srt/models/", "radix_ext/cpu/decode.py")),  # decode.py: the lean loop

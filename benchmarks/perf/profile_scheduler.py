@@ -10,7 +10,8 @@ Every sample's stack is put in one category, the first of ``CATEGORIES`` that an
 matches: sampling, the model forward (with its KV pool writes), the radix cache (SGLang's
 ``mem_cache`` and our ``backend.py`` / ``eviction.py``, called from the loop), our other scheduler
 hooks (``radix_ext``), and the rest of the scheduler loop; start-up (loading the model, warming up before the event loop) is left out. Per mode: seconds per category, and the functions that spent most of the cache's
-samples themselves. This is what tells the cache class's cost (``rksc-lru`` against ``exact``) from
+samples themselves, and the model forward's seconds by batch kind (decode, ASKS blend's reduced prefill, other
+prefill). This is what tells the cache class's cost (``rksc-lru`` against ``exact``) from
 the policy's and from the model's. Sampling slows the scheduler a little, alike in every mode: read
 the shares and the differences, not the wall time. One JSON record per run is appended to
 ``--output`` and a table is printed.
@@ -48,6 +49,27 @@ OTHER = "scheduler loop (other)"
 EVENT_LOOP = "event_loop_"  # Scheduler.event_loop_normal / event_loop_overlap: serving, not start-up
 
 
+# The model forward's samples by the kind of batch (``forward_kind``): a decode step (the lean
+# loop's ``_decode``, or the attention backend's ``forward_decode`` under SGLang's own layers), ASKS
+# blend's reduced prefill (``blend_forward``), else a prefill (extend) as SGLang computes it.
+FORWARD_KINDS = (("decode", ("_decode", "forward_decode")), ("ASKS blend", ("blend_forward",)))
+PREFILL = "prefill"
+
+
+def function_name(frame: str) -> str:
+    """``Class.method`` of a py-spy frame ``"Class.method (file)"``."""
+    return frame.split(" (", 1)[0]
+
+
+def forward_kind(stack: list[str]) -> str:
+    """What kind of forward a "model forward" sample was in (``FORWARD_KINDS``, else prefill)."""
+    names = {function_name(f).rsplit(".", 1)[-1] for f in stack}
+    for kind, functions in FORWARD_KINDS:
+        if names.intersection(functions):
+            return kind
+    return PREFILL
+
+
 def categorize(stack: list[str]) -> str:
     """The category of one sampled stack (frames outermost first, as py-spy writes them)."""
     for name, paths in CATEGORIES:
@@ -68,19 +90,22 @@ def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
 
 def in_event_loop(stack: list[str]) -> bool:
     """Whether a sample is the scheduler serving (``Scheduler.event_loop_*``), not loading the model."""
-    return any(frame.split(" (", 1)[0].rsplit(".", 1)[-1].startswith(EVENT_LOOP) for frame in stack)
+    return any(function_name(frame).rsplit(".", 1)[-1].startswith(EVENT_LOOP) for frame in stack)
 
 
 def summarize(stacks: list[tuple[list[str], int]], rate: int, top: int = 8) -> dict:
     """Over the samples of the scheduler's event loop: seconds per category, and the innermost
     cache frames with the most samples."""
     by_category: collections.Counter = collections.Counter()
+    by_forward: collections.Counter = collections.Counter()
     cache_frames: collections.Counter = collections.Counter()
     for stack, count in stacks:
         if not in_event_loop(stack):
             continue
         category = categorize(stack)
         by_category[category] += count
+        if category == "model forward":
+            by_forward[forward_kind(stack)] += count
         if category == "radix cache":
             frame = next(f for f in reversed(stack) if any(p in f for p in dict(CATEGORIES)["radix cache"]))
             cache_frames[frame] += count
@@ -88,6 +113,7 @@ def summarize(stacks: list[tuple[list[str], int]], rate: int, top: int = 8) -> d
     return {"samples": total, "seconds": round(total / rate, 2),
             "seconds_by_category": {k: round(v / rate, 2) for k, v in by_category.most_common()},
             "share_by_category": {k: round(v / total, 4) for k, v in by_category.most_common()} if total else {},
+            "forward_seconds_by_kind": {k: round(v / rate, 2) for k, v in by_forward.most_common()},
             "top_cache_frames": [{"frame": f, "seconds": round(c / rate, 2)} for f, c in cache_frames.most_common(top)]}
 
 
@@ -198,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     append_jsonl(args.output, [record])
     print(table(record))
     for m in modes:
-        print(f"\n{m['mode']}: the radix cache's busiest frames:")
+        kinds = ", ".join(f"{kind} {seconds:.2f} s" for kind, seconds in m["forward_seconds_by_kind"].items())
+        print(f"\n{m['mode']}: the model forward by batch kind: {kinds or '-'}")
+        print(f"{m['mode']}: the radix cache's busiest frames:")
         for f in m["top_cache_frames"]:
             print(f"  {f['seconds']:7.2f} s  {f['frame']}")
     return 0

@@ -277,13 +277,21 @@ def scheduler_profile_section(path: Path) -> str:
     for (workload, dataset, flags), r in latest.items():
         body = [[f"{m['mode']} ({MODES[m['mode']].cache_class})" if m["mode"] in MODES else m["mode"],
                  f"{m['bench_wall_s']:.1f}"] + [f"{m['seconds_by_category'].get(c, 0.0):.2f}" for c in PROFILE_COLUMNS]
-                for m in r["modes"]]
+                + [_forward_kinds(m)] for m in r["modes"]]
         flags = f", bench flags `{flags}`" if flags else ""
         out.append(f"{workload}, {dataset}, {r['limit']} problems{flags}: commit {r['commit']}, {r['date']}, "
                    f"{r['machine']}, one run per mode. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
                    + markdown(["mode", "bench wall s", "model forward s", "sampling s", "radix cache s",
-                               "our other hooks s", "rest of the loop s"], body))
+                               "our other hooks s", "rest of the loop s",
+                               "model forward: decode / ASKS blend / other prefill s"], body))
     return "\n".join(out)
+
+
+def _forward_kinds(mode: dict) -> str:
+    kinds = mode.get("forward_seconds_by_kind")  # runs before 2026-12-05 did not split the forward
+    if kinds is None:
+        return "-"
+    return " / ".join(f"{kinds.get(k, 0.0):.2f}" for k in ("decode", "ASKS blend", "prefill"))
 
 
 def decode_profile_section(path: Path) -> str:

@@ -46,6 +46,7 @@ from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
 from radix_ext.asks.selection import CHECK_LAYERS, deviations, pure_rotation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
+from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
 from rksc_sgl.protocol import AsksOptions
 
 logger = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
 
 def _supported(model, forward_batch, extra_args, kwargs) -> str | None:
     """Why this batch cannot be reduced (None: it can)."""
-    from radix_ext.cgee import forward as early_exit, requests as exit_requests
+    from radix_ext.cgee import requests as exit_requests
     from radix_ext.cpu.attention import RkscCpuAttnBackend
 
     from sglang.srt.model_executor.forward_context import get_attn_backend
@@ -208,10 +209,7 @@ def _supported(model, forward_batch, extra_args, kwargs) -> str | None:
         return "attention-backend"
     if exit_requests.any_flagged() and any(p is not None for p in exit_requests.rows_of(forward_batch.rids)):
         return "verification-batch"
-    if (extra_args or any(kwargs.get(k) not in (None, False) for k in kwargs)
-            or type(stack).forward not in early_exit._stack_forwards()
-            or not (stack.pp_group.is_first_rank and stack.pp_group.is_last_rank)
-            or stack.layers_to_capture or model.capture_aux_hidden_states):
+    if not plain_call(extra_args, kwargs) or plain_stack(model) is not None:
         return "model"
     if getattr(forward_batch, "return_logprob", False) and any(
             start < length for start, length in zip(forward_batch.extend_logprob_start_lens_cpu or (),
@@ -251,8 +249,6 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     for ``skip_empty``) whose layers after the selection carry only the kept rows."""
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
     from sglang.srt.model_executor.forward_context import get_attn_backend
-
-    from radix_ext.cgee.forward import _stack_forwards
 
     stack = model.model
     layers = list(range(stack.start_layer, stack.end_layer))
@@ -314,8 +310,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     try:
         for i in layers[full_layers:]:
             hidden = stack.layers[i](kept_positions, hidden, forward_batch)
-        norm_kwargs = _stack_forwards()[type(stack).forward]
-        hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)
+        hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
     finally:
         setattr(forward_batch, VIEW_ATTR, None)
     full = hidden.new_zeros(num_tokens, hidden.shape[1])
@@ -326,10 +321,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
 def _finish(model, input_ids, hidden, forward_batch, stack):
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
-    from radix_ext.cgee.forward import _stack_forwards
-
-    norm_kwargs = _stack_forwards()[type(stack).forward]
-    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)
+    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
     return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
 
 
@@ -384,7 +376,6 @@ def _recompute(options: AsksOptions, state) -> float:
 
 def install() -> None:
     from radix_ext import hooks
-    from radix_ext.cgee.forward import TARGETS
 
     for target in TARGETS:
         hooks.around(target, around_forward)

@@ -344,7 +344,7 @@ def install() -> None:
     """Hooks of the scheduler process (``radix_ext.plugin`` calls this when ``asks`` is on)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from radix_ext.cgee.forward import TARGETS
+    from radix_ext.model_stack import TARGETS
 
     HookRegistry.register(CREATE_REQ, _on_create, HookType.AFTER)
     HookRegistry.register(ACCEPT_TARGET, _report, HookType.BEFORE)

@@ -23,7 +23,6 @@ puts in the response's ``meta_info`` as one-element lists (one per generated tok
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -31,18 +30,12 @@ import torch
 
 from radix_ext.cgee import requests as exit_requests
 from radix_ext.cgee.rule import lens_entropy
+from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
 from radix_ext.ops.metrics import EXIT_ROWS
 from rksc_sgl.protocol import EarlyExitParams
 
 logger = logging.getLogger(__name__)
 
-# Hooked forward -> the decoder stack's forward that ``_lens_forward`` replicates, and the extra
-# keyword arguments that stack passes to its final norm.
-TARGETS = {
-    "sglang.srt.models.llama.LlamaForCausalLM.forward": ("sglang.srt.models.llama.LlamaModel.forward", {}),
-    "sglang.srt.models.qwen2.Qwen2ForCausalLM.forward": ("sglang.srt.models.qwen2.Qwen2Model.forward",
-                                                         {"skip_empty": True}),
-}
 CALLS_ATTR = "rksc_layer_calls"
 # SGLang ``forward_hooks`` entry for the counter (fnmatch's * would also match the submodules).
 LAYER_CALL_COUNTER = {
@@ -62,26 +55,12 @@ def _flagged_rows(forward_batch) -> list[EarlyExitParams | None] | None:
     return rows if any(p is not None for p in rows) else None
 
 
-@functools.cache
-def _stack_forwards() -> dict[Any, dict[str, Any]]:
-    """The decoder-stack forwards the lens loop replicates -> their final norm's extra kwargs
-    (resolved once per process: flagged forwards consult it twice)."""
-    from rksc_sgl.seams import resolve
-
-    return {resolve(stack): norm_kwargs for stack, norm_kwargs in TARGETS.values()}
-
-
 def _supported(model, extra_args: tuple, kwargs: dict[str, Any]) -> bool:
-    """The lens loop replicates the plain Llama / Qwen2 stacks only; anything else keeps SGLang's
-    forward (and is reported once)."""
-    stack = model.model
+    """The lens loop replicates the plain Llama / Qwen2 stacks only (``radix_ext.model_stack``),
+    with an unquantized LM head; anything else keeps SGLang's forward (and is reported once)."""
     supported = (
-        not extra_args
-        and all(kwargs.get(k) in (None, False) for k in ("input_embeds", "get_embedding", "pp_proxy_tensors"))
-        and set(kwargs) <= {"input_embeds", "get_embedding", "pp_proxy_tensors"}
-        and type(stack).forward in _stack_forwards()
-        and stack.pp_group.is_first_rank and stack.pp_group.is_last_rank
-        and not stack.layers_to_capture and not model.capture_aux_hidden_states
+        plain_call(extra_args, kwargs)
+        and plain_stack(model) is None
         and getattr(model, "quant_config", None) is None
         and isinstance(getattr(model.lm_head, "weight", None), torch.Tensor)
     )
@@ -187,8 +166,7 @@ def _lens_forward(model, input_ids, positions, forward_batch, lens: _LensPass):
             lens.observe(layers_run, probe, normed, _lens_logits(model, normed))
         if lens.all_exited():
             break
-    norm_kwargs = _stack_forwards()[type(stack).forward]
-    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs)  # releases the stream
+    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))  # releases the stream
     for row, state in lens.exit_states.items():
         hidden[last_token[row]] = state.to(hidden.dtype)
     out = model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from radix_ext.model_stack import TARGETS, plain_call, plain_stack
+
 LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
 PLAN_ATTR = "_rksc_lean_decode_plan"  # on the model: its LayerPlan list, or the reason it has none
 _counts = {"lean_steps": 0, "stock_steps": 0, "unsupported": None}  # this scheduler's decode steps
@@ -128,16 +130,11 @@ def _plan(model) -> list[LayerPlan] | str:
     cached = model.__dict__.get(PLAN_ATTR)
     if cached is not None:
         return cached
-    from radix_ext.cgee.forward import _stack_forwards
-
     stack = model.model
     try:
-        if type(stack).forward not in _stack_forwards():
-            raise _Unsupported("model")
-        if not (stack.pp_group.is_first_rank and stack.pp_group.is_last_rank):
-            raise _Unsupported("pipeline-parallel")
-        if stack.layers_to_capture or getattr(model, "capture_aux_hidden_states", False):
-            raise _Unsupported("captured-hidden-states")
+        why = plain_stack(model)
+        if why is not None:
+            raise _Unsupported(why)
         if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
             raise _Unsupported("module-hooks")
         plans = []
@@ -163,8 +160,7 @@ def lean_decode(original, model, input_ids, positions, forward_batch, *args, **k
     """The AROUND hook on the model's forward: a plain decode batch runs ``_decode``."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    if forward_batch.forward_mode != ForwardMode.DECODE or args or any(
-            v not in (None, False) for v in kwargs.values()):
+    if forward_batch.forward_mode != ForwardMode.DECODE or not plain_call(args, kwargs):
         return original(model, input_ids, positions, forward_batch, *args, **kwargs)
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -217,7 +213,6 @@ def install() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" or not enabled():
         return
     from radix_ext import hooks
-    from radix_ext.cgee.forward import TARGETS
 
     for target in TARGETS:
         hooks.around(target, lean_decode)

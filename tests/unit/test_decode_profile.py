@@ -65,3 +65,11 @@ def test_a_trace_without_decode_steps_is_refused(tmp_path):
         json.dump({"traceEvents": STEP[1:]}, f)
     with pytest.raises(RuntimeError, match="no step"):
         summarize_trace(str(path))
+
+
+def test_the_lean_loops_rotation_counts_as_rotary_not_as_the_loop():
+    loop = py("radix_ext/cpu/decode.py(180): _decode", 0, 50)
+    rotate = py("radix_ext/cpu/decode.py(95): _rotate", 10, 8)
+    kernel = ev("aten::mul", 11, 5)
+    assert part_of(kernel, [rotate, loop]) == "rotary"
+    assert part_of(ev("aten::add", 30, 5), [loop]) == "model (other)"

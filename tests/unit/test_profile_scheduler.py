@@ -36,6 +36,20 @@ def test_the_summary_counts_the_event_loops_seconds_and_the_caches_busiest_frame
     assert "eviction/policy.py" in summary["top_cache_frames"][1]["frame"]
 
 
+def test_the_forward_splits_into_decode_blend_and_prefill():
+    loop = f"run (s.py:1);Scheduler.event_loop_normal (s.py:2);forward ({SP}/sglang/srt/model_executor/model_runner.py:5)"
+    hook = "lean_decode (/repo/radix_ext/cpu/decode.py:170)"  # the hook is on every forward's stack
+    raw = "\n".join([
+        f"{loop};{hook};_decode (/repo/radix_ext/cpu/decode.py:190);linear ({SP}/torch/nn/functional.py:1) 6",
+        f"{loop};{hook};blend_forward (/repo/radix_ext/asks/blend.py:250);mm ({SP}/torch/x.py:1) 3",
+        f"{loop};{hook};LlamaForCausalLM.forward ({SP}/sglang/srt/models/llama.py:9) 4",
+        f"{loop};RkscCpuAttnBackend.forward_decode (/repo/radix_ext/cpu/attention.py:240) 1",
+    ])
+    summary = prof.summarize(prof.parse_collapsed(raw), rate=1)
+    assert summary["seconds_by_category"] == {"model forward": 14}
+    assert summary["forward_seconds_by_kind"] == {"decode": 7, "prefill": 4, "ASKS blend": 3}
+
+
 @pytest.mark.parametrize("argv, flag", [(["--limit", "0"], "--limit"), (["--rate", "0"], "--rate"),
                                         (["--modes", "exact,bogus"], "--modes")])
 def test_a_bad_value_names_its_flag(argv, flag, capsys):

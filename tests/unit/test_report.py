@@ -254,7 +254,7 @@ def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every
     out = scheduler_profile_section(path)
     # one table per (workload, dataset), in the order first profiled, from its latest run
     assert "commit old" not in out and out.index("gpqa, 20 problems: commit new") < out.index("mmlu-stem, 20 problems")
-    assert "| exact (SGLang's `UnifiedRadixCache`, LRU) | 30.0 | 3.00 | 0.00 | 0.06 | 0.00 | 0.00 |" in out
+    assert "| exact (SGLang's `UnifiedRadixCache`, LRU) | 30.0 | 3.00 | 0.00 | 0.06 | 0.00 | 0.00 | - |" in out
     assert "| rksc-lru (our `RkscRadixCache`, LRU) |" in out and "| rsbcm-only (our `RkscRadixCache`, RSBCM) |" in out
     assert "| no-cache (no radix cache) |" in out and "| a-mode-bench-dropped | 30.0 |" in out
     # a run with other bench flags (a capped pool, read from its command) is a table of its own
@@ -263,6 +263,11 @@ def test_the_scheduler_profile_section_shows_each_datasets_latest_run_with_every
     out = scheduler_profile_section(path)
     assert "gpqa, 20 problems: commit new" in out
     assert "gpqa, 20 problems, bench flags `--pool-fraction 0.25`: commit cap" in out
+    # a run that split the forward by batch kind shows the split
+    split = run("split", "coqa", 5.0)
+    split["modes"][0]["forward_seconds_by_kind"] = {"decode": 2.0, "prefill": 2.5, "ASKS blend": 0.5}
+    path.write_text(path.read_text() + json.dumps(split) + "\n")
+    assert "| 30.0 | 5.00 | 0.00 | 0.06 | 0.00 | 0.00 | 2.00 / 0.50 / 2.50 |" in scheduler_profile_section(path)
 
 
 def test_every_benchmark_mode_names_its_cache_class():

@@ -25,9 +25,9 @@ against exact (median over branches) and wall time against exact's in the same r
   multi-doc, 4 problems each), 2 layers read 2.11x / 2.00x / 1.26x exact's wall against 1.97x /
   1.89x / 1.25x, at KL 0.0013 / 0.0017 / 0.016 against 0.0013 / 0.0014 / 0.013.
 * the gate, 0.025 at layer 2: the median relative deviation there is 0.0019 on paraphrase-sc,
-  0.0032 on role-sc and 0.033 on multi-doc, whose documents each follow other documents in the
-  donor's order; the gate passes most of multi-doc's tokens and keeps its KL under 0.02 (share
-  0.05 alone read KL 0.11 there).
+  0.0032 on role-sc and 0.033 on multi-doc, whose documents were computed alone after the shared
+  head and are read after other documents; the gate passes most of multi-doc's tokens and keeps
+  its KL under 0.02 (share 0.05 alone read KL 0.11 there).
 
 ``rerotate``: SGLang stores K after RoPE, and RoPE composes (``R(p + d) = R(d) R(p)``), so one
 rotation by ``delta`` moves a stored key to position ``p + delta``; ``pure_rotation`` refuses

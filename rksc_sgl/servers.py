@@ -27,13 +27,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT_TAKEN = "address already in use"  # uvicorn's bind error; SGLang's server keeps running without HTTP
+START_ATTEMPTS = 3  # http_server: fresh ports tried when another process took the chosen one first
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it between ``free_port`` and the bind."""
+
+
+def port_taken(log: Path | None) -> bool:
+    try:
+        return log is not None and PORT_TAKEN in Path(log).read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 240,
-                 route: str = "/health_generate") -> None:
-    """Until ``url + route`` answers 200; RuntimeError if ``proc`` exits first, TimeoutError at the deadline."""
+                 route: str = "/health_generate", log: Path | None = None) -> None:
+    """Until ``url + route`` answers 200; RuntimeError if ``proc`` exits first, PortTaken as soon
+    as ``log`` shows the server could not bind its port, TimeoutError at the deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with status {proc.returncode} before becoming healthy")
+        if port_taken(log):
+            raise PortTaken(f"server at {url} could not bind its port")
         try:
             if requests.get(url + route, timeout=5).status_code == 200:
                 return
@@ -75,12 +93,19 @@ def http_server(module: str, args: list[str], log_dir: Path, env: dict[str, str]
     """``python -m module args`` on a free loopback port: its base URL once it serves a
     generation; stopped on exit. ``log_dir/server.log`` keeps its output (shown if start-up fails)."""
     log = Path(log_dir) / "server.log"
-    proc, url = spawn(module, args, log, env)
-    try:
-        wait_healthy(url, proc, timeout_s)
-    except Exception:
-        stop(proc, timeout_s=5)
-        raise RuntimeError(f"python -m {module} failed to start; log:\n{log.read_text()[-4000:]}") from None
+    for attempt in range(1, START_ATTEMPTS + 1):
+        proc, url = spawn(module, args, log, env)
+        try:
+            wait_healthy(url, proc, timeout_s, log=log)
+            break
+        except PortTaken:
+            stop(proc, timeout_s=5)
+            if attempt == START_ATTEMPTS:
+                raise RuntimeError(f"python -m {module}: {START_ATTEMPTS} ports taken before it could bind; "
+                                   f"log:\n{log.read_text()[-4000:]}") from None
+        except Exception:
+            stop(proc, timeout_s=5)
+            raise RuntimeError(f"python -m {module} failed to start; log:\n{log.read_text()[-4000:]}") from None
     try:
         yield url
     finally:

@@ -86,6 +86,11 @@ class RkscConfig:
     # KV at the check layer stands further than this from the request's own (relative L2 of V or
     # of K) is recomputed too, beyond the share; "inf" turns the gate off.
     asks_max_deviation: float = 0.025
+    # Blend's check (selector "deviation"): the first layers computed for every token before the
+    # selection, the last of them only as far as its K and V, which are compared with the donor's.
+    # >= 2: layer 1's K and V are projections of each token's own embedding, the same after any
+    # context (radix_ext.asks.selection gives the measurements behind 2).
+    asks_check_layers: int = 2
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size. Norms, attention, the KV cache and sampling stay float32.
@@ -191,6 +196,9 @@ def _check_asks(config: RkscConfig) -> None:
     value = config.asks_max_deviation
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
         raise ValueError(f"--asks-max-deviation must be a number > 0 ('inf': no gate), got {value!r}")
+    value = config.asks_check_layers
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ValueError(f"--asks-check-layers must be an int >= 2, got {value!r}")
     value = config.asks_fresh_tail
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"--asks-fresh-tail must be an int >= 1, got {value!r}")

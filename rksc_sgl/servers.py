@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,7 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PORT_TAKEN = "address already in use"  # uvicorn's bind error; SGLang's server keeps running without HTTP
+# uvicorn's bind error (SGLang's server then keeps running without HTTP), a line of its own; the
+# words alone could be in a logged prompt or error.
+PORT_TAKEN = re.compile(r"^.*ERROR:\s+\[Errno \d+\] error while attempting to bind on address .*: "
+                        r"address already in use$", re.MULTILINE)
 START_ATTEMPTS = 3  # http_server: fresh ports tried when another process took the chosen one first
 
 
@@ -37,7 +41,7 @@ class PortTaken(RuntimeError):
 
 def port_taken(log: Path | None) -> bool:
     try:
-        return log is not None and PORT_TAKEN in Path(log).read_text(errors="replace")
+        return log is not None and PORT_TAKEN.search(Path(log).read_text(errors="replace")) is not None
     except FileNotFoundError:
         return False
 

@@ -11,7 +11,10 @@ server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-
 with ``exact`` is the two-seed noise floor that quality against exact is read against;
 ``asks-blend@R`` (``--asks-recompute-sweep``, ``sweep_modes``) is blend with every request asking
 for recompute share R (``AsksOptions.recompute``) and the gate off (``--asks-max-deviation inf``:
-the share alone, so that the curve shows what the share buys); ``adaptive`` is ``exact`` plus
+the share alone, so that the curve shows what the share buys); ``asks-check@L:G``
+(``--asks-check-sweep``, ``check_sweep_modes``) is blend at the server's share with an
+``L``-layer check (``--asks-check-layers``) and the gate at ``G`` (``--asks-max-deviation``), so
+that check depths are compared at the gates that flag alike; ``adaptive`` is ``exact`` plus
 the run's stop rule (``--stop-rule``): each problem's branches are sampled in rounds until the rule
 decides its vote; ``group-stop`` is ``exact`` plus the same rule as the runtime's group policy:
 every branch is launched at once, as in ``exact``, and the scheduler stops those still running
@@ -32,6 +35,7 @@ MECHANISMS = ("asks", "cgee", "rsbcm")
 LANDED: frozenset[str] = frozenset({"rsbcm", "cgee", "asks"})  # grows as mechanisms land
 RESEED_OFFSET = 1_000_003  # exact-reseed's seed base: --seed + this
 SWEEP_PREFIX = "asks-blend@"
+CHECK_PREFIX = "asks-check@"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +53,16 @@ class Mode:
     recompute: float | None = None
     # Blend: the server's --asks-max-deviation (the gate); None: RkscConfig's default.
     max_deviation: float | None = None
+    # Blend: the server's --asks-check-layers; None: RkscConfig's default.
+    check_layers: int | None = None
     seed_offset: int = 0  # added to the run's --seed (exact-reseed: the two-seed noise floor)
 
     def rksc_config(self) -> RkscConfig:
         asks = {"asks_mode": self.asks_mode} if self.asks_mode else {}
         if self.max_deviation is not None:
             asks["asks_max_deviation"] = self.max_deviation
+        if self.check_layers is not None:
+            asks["asks_check_layers"] = self.check_layers
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms, **asks)
 
     @property
@@ -132,4 +140,26 @@ def sweep_modes(spec: str) -> list[Mode]:
         raise ValueError("--asks-recompute-sweep: give at least one share, e.g. 0,0.15,1.0")
     if len({m.name for m in modes}) != len(modes):
         raise ValueError(f"--asks-recompute-sweep: a share is repeated in {spec!r}")
+    return modes
+
+
+def check_sweep_modes(spec: str) -> list[Mode]:
+    """``--asks-check-sweep``: one blend mode per comma-separated ``LAYERS:GATE`` (an
+    ``--asks-check-layers`` value and an ``--asks-max-deviation`` value), named
+    ``asks-check@<layers>:<gate>``; ValueError naming the flag and the bad part."""
+    modes = []
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        layers, _, gate = part.partition(":")
+        try:
+            config = RkscConfig(asks_check_layers=int(layers), asks_max_deviation=float(gate))
+        except ValueError as e:
+            raise ValueError(f"--asks-check-sweep: {part!r} is not LAYERS:GATE with an int LAYERS >= 2 and a "
+                             f"GATE > 0 ({e})") from e
+        modes.append(Mode(f"{CHECK_PREFIX}{config.asks_check_layers}:{config.asks_max_deviation:g}",
+                          frozenset({"asks"}), asks_mode="blend", max_deviation=config.asks_max_deviation,
+                          check_layers=config.asks_check_layers))
+    if not modes:
+        raise ValueError("--asks-check-sweep: give at least one LAYERS:GATE, e.g. 2:0.025,4:0.07")
+    if len({m.name for m in modes}) != len(modes):
+        raise ValueError(f"--asks-check-sweep: a LAYERS:GATE is repeated in {spec!r}")
     return modes

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.bench.modes import MODES, resolve_modes, sweep_modes
+from benchmarks.bench.modes import MODES, check_sweep_modes, resolve_modes, sweep_modes
 from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from benchmarks.bench.rows import build_rows, print_adaptive, print_blend, print_table, write_curve
 from benchmarks.bench.workloads import WORKLOADS, BenchSettings, resolve_workload
@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--asks-recompute-sweep", default=None,
                    help="ASKS workloads: also run blend once per comma-separated recompute share in [0, 1] (each "
                         "request asks for it), as modes asks-blend@<share>, e.g. 0,0.05,0.15,0.3,1.0")
+    p.add_argument("--asks-check-sweep", default=None,
+                   help="ASKS workloads: also run blend once per comma-separated LAYERS:GATE (--asks-check-layers, "
+                        "--asks-max-deviation), as modes asks-check@<layers>:<gate>, e.g. 2:0.025,3:0.04,4:0.07")
     p.add_argument("--limit", type=int, default=20, help="problems per dataset (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per (dataset, mode); wall time is their median")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed of the run (default: %(default)s)")
@@ -99,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  f"{', '.join(w.name for w in WORKLOADS.values() if w.branch_quality)}, "
                                  f"not {args.workload!r}")
             args.mode_objs += sweep_modes(args.asks_recompute_sweep)
+        if args.asks_check_sweep is not None:
+            if not workload.branch_quality:
+                raise ValueError(f"--asks-check-sweep: runs only with --workload "
+                                 f"{', '.join(w.name for w in WORKLOADS.values() if w.branch_quality)}, "
+                                 f"not {args.workload!r}")
+            args.mode_objs += check_sweep_modes(args.asks_check_sweep)
         if len({m.name for m in args.mode_objs}) != len(args.mode_objs):
             raise ValueError(f"--modes: a mode is given twice in {args.modes!r}")
         if args.datasets is None:

@@ -19,7 +19,7 @@ covered that it recomputed anyway (``recomputed_tokens``); ``blend_work`` sums t
 Blend's reuse is not in SGLang's ``cached_tokens``; the frontend's ``TokenCounters`` subtracts it
 (``blended_tokens``), so a row's ``prefill_tokens`` is what was really computed: ``prompt -
 cached - reused`` (under ``deviation`` selection the reused tokens still run the first
-``CHECK_LAYERS`` = 2 of 30 layers, which this does not count). Adoption's reuse is in
+``--asks-check-layers`` (2) of 30 layers, which this does not count). Adoption's reuse is in
 ``cached_tokens`` already.
 """
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from benchmarks.bench.modes import MODES
 from benchmarks.bench.records import latest_run
+from benchmarks.perf.profile_scheduler import FORWARD_KINDS, PREFILL
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -283,15 +284,18 @@ def scheduler_profile_section(path: Path) -> str:
                    f"{r['machine']}, one run per mode. Produced by:\n\n```bash\n{r['command']}\n```\n\n"
                    + markdown(["mode", "bench wall s", "model forward s", "sampling s", "radix cache s",
                                "our other hooks s", "rest of the loop s",
-                               "model forward: decode / ASKS blend / other prefill s"], body))
+                               f"model forward: {' / '.join(KINDS[:-1])} / other {PREFILL} s"], body))
     return "\n".join(out)
+
+
+KINDS = (*(kind for kind, _ in FORWARD_KINDS), PREFILL)  # the profiler's split of the model forward
 
 
 def _forward_kinds(mode: dict) -> str:
     kinds = mode.get("forward_seconds_by_kind")  # runs before 2026-12-05 did not split the forward
     if kinds is None:
         return "-"
-    return " / ".join(f"{kinds.get(k, 0.0):.2f}" for k in ("decode", "ASKS blend", "prefill"))
+    return " / ".join(f"{kinds.get(k, 0.0):.2f}" for k in KINDS)
 
 
 def decode_profile_section(path: Path) -> str:

@@ -14,7 +14,9 @@ computed after another opening (``radix_ext.asks.segments``). For each run:
   ``fresh_tail`` tokens (the question, the assistant header) are always computed.
 
 ``blend_forward`` (an AROUND hook on the model's forward) runs the first layers for every token
-when the selector needs them, then carries only the kept rows: the others' KV is the donor's,
+when the selector needs them (the last of them only as far as its K and V, ``_write_check_kv``:
+the attention and MLP of a row whose KV is then the donor's would be thrown away), then carries
+only the kept rows: the others' KV is the donor's,
 written into the request's own slots, and the attention backend (``radix_ext.cpu.attention``,
 ``BlendView``) lets each kept row attend to its whole row of the KV pool up to its own position.
 
@@ -44,9 +46,10 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
-from radix_ext.asks.selection import CHECK_LAYERS, deviations, pure_rotation, rerotate, select
+from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
+from rksc_sgl.config import RkscConfig
 from rksc_sgl.protocol import AsksOptions
 
 logger = logging.getLogger(__name__)
@@ -114,6 +117,7 @@ class BlendSettings:
     selector: str
     fresh_tail: int
     max_deviation: float = math.inf  # the gate; inf: the share alone
+    check_layers: int = RkscConfig.asks_check_layers  # selector "deviation": the check's layers
 
 
 # ---- the forward ---------------------------------------------------------------------------
@@ -254,15 +258,21 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     layers = list(range(stack.start_layer, stack.end_layer))
     selector = state.blend.selector
     # The check layers run for every token only where a share strictly between 0 and 1 is chosen
-    # by deviation: at 0 nothing is recomputed, at 1 everything is.
+    # by deviation: at 0 nothing is recomputed, at 1 everything is. All but the last run whole;
+    # the last only as far as its K and V, which the selection compares with the donor's.
     checked = selector == "deviation" and any(0 < p.decision.recompute < 1 for p in plans)
-    full_layers = min(CHECK_LAYERS, len(layers)) if checked else 0
+    full_layers = min(state.blend.check_layers, len(layers)) if checked else 0
+    resume = max(full_layers - 1, 0)  # the first layer the rest of the forward runs whole
     hidden = stack.embed_tokens(input_ids)
     residual_batch.start(forward_batch)
-    for i in layers[:full_layers]:
+    for i in layers[:resume]:
         hidden = stack.layers[i](positions, hidden, forward_batch)
     started = time.perf_counter()
     pool = get_attn_backend().token_to_kv_pool
+    checked_state = None  # the stream's full state entering the last check layer
+    if full_layers:
+        checked_state = residual_batch.snapshot(hidden, forward_batch)
+        _write_check_kv(stack.layers[layers[resume]], positions, checked_state, forward_batch, pool)
     num_tokens = int(input_ids.shape[0])
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
@@ -270,7 +280,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         rows, donors, deltas = plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()
         scores = relative = None
         if full_layers and 0 < plan.decision.recompute < 1:
-            check = stack.layers[layers[full_layers - 1]].self_attn
+            check = stack.layers[layers[resume]].self_attn
             keys, values = pool.get_key_buffer(check.attn.layer_id), pool.get_value_buffer(check.attn.layer_id)
             own = forward_batch.out_cache_loc[rows].long()
             scores, relative = deviations(keys[own], values[own], rerotate(keys[donors], deltas, check.rotary_emb),
@@ -289,9 +299,9 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         if plan.decision.reused_tokens:
             plan.req.skip_radix_cache_insert = True  # approximate KV never enters the tree
         state.blend_counters.count(plan.decision)
-    if bool(keep.all()):  # everything recomputed (r = 1): SGLang's loop, exact
+    if bool(keep.all()):  # everything recomputed: SGLang's loop on its own stream, exact
         state.blend_counters.seconds += time.perf_counter() - started
-        for i in layers[full_layers:]:
+        for i in layers[resume:]:
             hidden = stack.layers[i](positions, hidden, forward_batch)
         return _finish(model, input_ids, hidden, forward_batch, stack)
     rows = torch.cat(skipped_rows)
@@ -301,14 +311,14 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     view = _view(forward_batch, keep, kept, positions)
     state.blend_counters.seconds += time.perf_counter() - started
     if full_layers:  # the full state so far, restarted as the input of the kept rows
-        hidden = residual_batch.snapshot(hidden, forward_batch)
+        hidden = checked_state
         residual_batch.clear(forward_batch)
         residual_batch.start(forward_batch)
     hidden = hidden[kept]
     kept_positions = positions[kept]
     setattr(forward_batch, VIEW_ATTR, view)
     try:
-        for i in layers[full_layers:]:
+        for i in layers[resume:]:
             hidden = stack.layers[i](kept_positions, hidden, forward_batch)
         hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
     finally:
@@ -316,6 +326,24 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     full = hidden.new_zeros(num_tokens, hidden.shape[1])
     full[kept] = hidden  # the rows the logits processor reads (each request's last) are kept
     return model.logits_processor(input_ids, full, model.lm_head, forward_batch)
+
+
+def _write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, forward_batch, pool) -> None:
+    """The K and V that ``layer`` would write for every token of the batch, written into the
+    batch's slots: its input norm of ``state`` (the stream's full state, so no residual is
+    pending), its QKV projection and rotation (``LlamaAttention.forward_prepare_native``; Qwen2's
+    forward does the same inline). The kept rows run the layer whole afterwards and write theirs
+    again; the reused rows' KV at this layer is their own, computed in their own context."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    attn = layer.self_attn
+    qkv, _ = attn.qkv_proj(layer.input_layernorm(state))
+    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    _, k = attn.rotary_emb(positions, q, k)
+    radix = attn.attn
+    pool.set_kv_buffer(radix, KVWriteLoc(forward_batch.out_cache_loc, None),
+                       k.view(-1, radix.tp_k_head_num, radix.qk_head_dim),
+                       v.view(-1, radix.tp_v_head_num, radix.v_head_dim))
 
 
 def _finish(model, input_ids, hidden, forward_batch, stack):

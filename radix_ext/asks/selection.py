@@ -4,7 +4,7 @@
 anyway, so that their KV attends to the request's own opening:
 
 * ``deviation`` (the default; CacheBlend's check plus EPIC's leading tokens): the first
-  ``CHECK_LAYERS`` layers run for every token; at the last of them each reused token's KV is
+  ``--asks-check-layers`` layers run for every token; at the last of them each reused token's KV is
   compared with the donor's (``deviations``: V, and K re-rotated to the request's position, each
   distance divided by its mean over the request's reused tokens). The first ``LEAD_TOKENS`` of
   each segment (right after the text that differs) come first,
@@ -17,7 +17,7 @@ anyway, so that their KV attends to the request's own opening:
 The defaults were chosen on the benchmark's first 10 problems, one run each, by first-token KL
 against exact (median over branches) and wall time against exact's in the same run:
 
-* ``CHECK_LAYERS`` = 2: the first layer's K and V are projections of each token's own embedding,
+* ``--asks-check-layers`` 2: the first layer's K and V are projections of each token's own embedding,
   the same after any context (its relative deviation is 0 on every token of the three
   workloads), so layer 2 is the first whose KV tells a donor's context from the request's.
   Against 4 layers with the gate at 0.07 (which flags about the same share of tokens at layer 4
@@ -43,7 +43,6 @@ import torch
 from radix_ext.asks.segments import Segment
 
 PURE_ATTR = "_rksc_pure_rotation"  # on a RotaryEmbedding: (its table, whether it is a pure rotation)
-CHECK_LAYERS = 2  # deviation selection: layers computed for every token before choosing (>= 2: see above)
 LEAD_TOKENS = 4  # deviation selection: the first tokens of each segment, recomputed first
 
 

@@ -275,6 +275,36 @@ class TestRerotation:
         assert not pure_rotation(rope)
 
 
+class TestCheckLayer:
+    def test_its_kv_for_every_token_is_what_sglangs_attention_prepares(self):
+        """``_write_check_kv`` (the last check layer, run only as far as its K and V) writes, at the
+        batch's slots, what ``LlamaAttention.forward_prepare_native`` (SGLang's own, on a stand-in
+        layer) computes from the layer's input norm: a change there, e.g. a norm on q and k, fails."""
+        from types import SimpleNamespace
+
+        from sglang.srt.models.llama import LlamaAttention
+
+        from radix_ext.asks.blend import _write_check_kv
+
+        torch.manual_seed(2)
+        heads, kv_heads, dim, width, tokens = 3, 1, 64, 48, 7
+        weight = torch.randn((heads + 2 * kv_heads) * dim, width)
+        radix = SimpleNamespace(layer_id=5, tp_k_head_num=kv_heads, tp_v_head_num=kv_heads, qk_head_dim=dim,
+                                v_head_dim=dim)
+        attn = SimpleNamespace(qkv_proj=lambda x: (x @ weight.T, None), q_size=heads * dim, kv_size=kv_heads * dim,
+                               rotary_emb=_rope(), attn=radix)
+        layer = SimpleNamespace(self_attn=attn, input_layernorm=lambda x: x / x.norm(dim=-1, keepdim=True))
+        state, positions = torch.randn(tokens, width), torch.arange(40, 40 + tokens)
+        written = []
+        pool = SimpleNamespace(set_kv_buffer=lambda *call: written.append(call))
+        batch = SimpleNamespace(out_cache_loc=torch.arange(100, 100 + tokens))
+        _write_check_kv(layer, positions, state, batch, pool)
+        _, want_k, want_v = LlamaAttention.forward_prepare_native(attn, positions, layer.input_layernorm(state))
+        (target, loc, k, v), = written
+        assert target is radix and torch.equal(loc.loc, batch.out_cache_loc)
+        assert torch.equal(k, want_k.view(tokens, kv_heads, dim)) and torch.equal(v, want_v.view(tokens, kv_heads, dim))
+
+
 class TestAttentionFromArbitraryRows:
     def test_contiguous_tail_rows_equal_the_extend_attention(self):
         torch.manual_seed(0)
@@ -303,7 +333,9 @@ class TestOptions:
                              ({"asks_max_deviation": 0}, "--asks-max-deviation"),
                              ({"asks_max_deviation": -1.0}, "--asks-max-deviation"),
                              ({"asks_max_deviation": math.nan}, "--asks-max-deviation"),
-                             ({"asks_max_deviation": "low"}, "--asks-max-deviation")):
+                             ({"asks_max_deviation": "low"}, "--asks-max-deviation"),
+                             ({"asks_check_layers": 1}, "--asks-check-layers"),
+                             ({"asks_check_layers": 2.5}, "--asks-check-layers")):
             with pytest.raises(ValueError, match=flag):
                 RkscConfig(**kwargs)
         assert RkscConfig(asks_max_deviation=math.inf).asks_max_deviation == math.inf  # the gate off

@@ -93,6 +93,23 @@ class TestModesAndFlags:
         with pytest.raises(ValueError, match="--asks-recompute-sweep"):
             sweep_modes(spec)
 
+    def test_the_check_sweep_makes_one_blend_mode_per_depth_and_gate(self):
+        from benchmarks.bench.modes import check_sweep_modes
+
+        modes = check_sweep_modes("2:0.025, 4:0.07,3:inf")
+        assert [m.name for m in modes] == ["asks-check@2:0.025", "asks-check@4:0.07", "asks-check@3:inf"]
+        configs = [m.rksc_config() for m in modes]
+        assert [c.asks_check_layers for c in configs] == [2, 4, 3]
+        assert [c.asks_max_deviation for c in configs] == [0.025, 0.07, math.inf]
+        assert all(m.effective_asks_mode == "blend" and m.recompute is None for m in modes)  # the server's share
+
+    @pytest.mark.parametrize("spec", ["1:0.025", "2", "2:0", "x:0.1", "", "2:0.1,2:0.1", "2.5:0.1"])
+    def test_a_bad_check_sweep_is_refused_naming_the_flag(self, spec):
+        from benchmarks.bench.modes import check_sweep_modes
+
+        with pytest.raises(ValueError, match="--asks-check-sweep"):
+            check_sweep_modes(spec)
+
     def test_the_four_modes_and_the_sweep_run_in_one_bench_run(self):
         from benchmarks.bench.run import parse_args
 
@@ -110,4 +127,9 @@ class TestModesAndFlags:
         with pytest.raises(SystemExit):
             parse_args(["--workload", "sc", "--asks-recompute-sweep", "0"])
         assert "--asks-recompute-sweep" in capsys.readouterr().err
+        with pytest.raises(SystemExit):
+            parse_args(["--workload", "sc", "--asks-check-sweep", "2:0.025"])
+        assert "--asks-check-sweep" in capsys.readouterr().err
+        args = parse_args(["--workload", "role-sc", "--modes", "exact", "--asks-check-sweep", "2:0.025,4:0.07"])
+        assert [m.name for m in args.mode_objs] == ["exact", "asks-check@2:0.025", "asks-check@4:0.07"]
         assert parse_args(["--workload", "paraphrase-sc"]).shots == 3

@@ -18,7 +18,11 @@ def test_a_taken_port_is_named_by_the_log(tmp_path):
     assert not servers.port_taken(log) and not servers.port_taken(None)
     log.write_text("INFO: started\n")
     assert not servers.port_taken(log)
+    log.write_text("INFO: a request asked why the address already in use error\n")  # the words, not the error
+    assert not servers.port_taken(log)
     log.write_text(TAKEN)
+    assert servers.port_taken(log)
+    log.write_text("INFO: started\n" + TAKEN.rstrip("\n"))  # the log's last line, no newline yet
     assert servers.port_taken(log)
 
 

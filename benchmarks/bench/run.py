@@ -96,18 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.workload_obj = workload = resolve_workload(args.workload)
         args.mode_objs = resolve_modes(args.modes)
-        if args.asks_recompute_sweep is not None:
+        for flag, spec, make in (("--asks-recompute-sweep", args.asks_recompute_sweep, sweep_modes),
+                                 ("--asks-check-sweep", args.asks_check_sweep, check_sweep_modes)):
+            if spec is None:
+                continue
             if not workload.branch_quality:
-                raise ValueError(f"--asks-recompute-sweep: runs only with --workload "
+                raise ValueError(f"{flag}: runs only with --workload "
                                  f"{', '.join(w.name for w in WORKLOADS.values() if w.branch_quality)}, "
                                  f"not {args.workload!r}")
-            args.mode_objs += sweep_modes(args.asks_recompute_sweep)
-        if args.asks_check_sweep is not None:
-            if not workload.branch_quality:
-                raise ValueError(f"--asks-check-sweep: runs only with --workload "
-                                 f"{', '.join(w.name for w in WORKLOADS.values() if w.branch_quality)}, "
-                                 f"not {args.workload!r}")
-            args.mode_objs += check_sweep_modes(args.asks_check_sweep)
+            args.mode_objs += make(spec)
         if len({m.name for m in args.mode_objs}) != len(args.mode_objs):
             raise ValueError(f"--modes: a mode is given twice in {args.modes!r}")
         if args.datasets is None:

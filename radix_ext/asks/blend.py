@@ -4,7 +4,7 @@ A request of substitution group ``g`` (``custom_params["rksc_asks"]["group"]``) 
 cached path at its own opening finds, at its prefill, the runs of its later tokens that ``g``
 computed after another opening (``radix_ext.asks.segments``). For each run:
 
-* **what is copied** (``_write_donor_kv``): V as is; K re-rotated by the position difference
+* **what is copied** (``radix_ext.asks.kv_writes.write_donor_kv``): V as is; K re-rotated by the position difference
   (``radix_ext.asks.selection.rerotate``; models whose rotary table is not a pure rotation are
   refused).
 * **what is recomputed** (``radix_ext.asks.selection.select``): a share ``r`` of the reused
@@ -14,7 +14,7 @@ computed after another opening (``radix_ext.asks.segments``). For each run:
   ``fresh_tail`` tokens (the question, the assistant header) are always computed.
 
 ``blend_forward`` (an AROUND hook on the model's forward) runs the first layers for every token
-when the selector needs them (the last of them only as far as its K and V, ``_write_check_kv``:
+when the selector needs them (the last of them only as far as its K and V, ``radix_ext.asks.kv_writes``:
 the attention and MLP of a row whose KV is then the donor's would be thrown away), then carries
 only the kept rows: the others' KV is the donor's,
 written into the request's own slots, and the attention backend (``radix_ext.cpu.attention``,
@@ -46,6 +46,7 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
+from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
 from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
 from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
@@ -59,8 +60,6 @@ DECISION_ATTR = "rksc_asks_decision"
 ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 HOLDS_ATTR = "rksc_blend_holds"  # on a member Req: prefill batches it waited out so as not to be chunked
 MAX_HOLDS = 4  # then it is chunked as SGLang would (and computes every token)
-
-
 
 
 @dataclasses.dataclass
@@ -272,7 +271,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     checked_state = None  # the stream's full state entering the last check layer
     if full_layers:
         checked_state = residual_batch.snapshot(hidden, forward_batch)
-        _write_check_kv(stack.layers[layers[resume]], positions, checked_state, forward_batch, pool)
+        write_check_kv(stack.layers[layers[resume]], positions, checked_state, forward_batch, pool)
     num_tokens = int(input_ids.shape[0])
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
@@ -305,7 +304,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
             hidden = stack.layers[i](positions, hidden, forward_batch)
         return _finish(model, input_ids, hidden, forward_batch, stack)
     rows = torch.cat(skipped_rows)
-    _write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
+    write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
                     torch.cat(skipped_donors), torch.cat(skipped_deltas))
     kept = keep.nonzero().squeeze(1)
     view = _view(forward_batch, keep, kept, positions)
@@ -328,24 +327,6 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     return model.logits_processor(input_ids, full, model.lm_head, forward_batch)
 
 
-def _write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, forward_batch, pool) -> None:
-    """The K and V that ``layer`` would write for every token of the batch, written into the
-    batch's slots: its input norm of ``state`` (the stream's full state, so no residual is
-    pending), its QKV projection and rotation (``LlamaAttention.forward_prepare_native``; Qwen2's
-    forward does the same inline). The kept rows run the layer whole afterwards and write theirs
-    again; the reused rows' KV at this layer is their own, computed in their own context."""
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-    attn = layer.self_attn
-    qkv, _ = attn.qkv_proj(layer.input_layernorm(state))
-    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-    _, k = attn.rotary_emb(positions, q, k)
-    radix = attn.attn
-    pool.set_kv_buffer(radix, KVWriteLoc(forward_batch.out_cache_loc, None),
-                       k.view(-1, radix.tp_k_head_num, radix.qk_head_dim),
-                       v.view(-1, radix.tp_v_head_num, radix.v_head_dim))
-
-
 def _finish(model, input_ids, hidden, forward_batch, stack):
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
@@ -359,18 +340,6 @@ def _view(forward_batch, keep: torch.Tensor, kept: torch.Tensor, positions: torc
         counts.append(int(keep[offset: offset + length].sum()))
         offset += length
     return BlendView(forward_batch.out_cache_loc[kept], counts, positions[kept].long())
-
-
-def _write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: torch.Tensor,
-                    deltas: torch.Tensor) -> None:
-    """For each layer still to run: the donors' V, and their K re-rotated by ``deltas``, into the
-    request's own slots ``own`` (which the reduced layers never write)."""
-    for i in layers:
-        layer_id = stack.layers[i].self_attn.attn.layer_id
-        rotary = stack.layers[i].self_attn.rotary_emb
-        k_buffer, v_buffer = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
-        k_buffer.index_copy_(0, own, rerotate(k_buffer.index_select(0, donors), deltas, rotary))
-        v_buffer.index_copy_(0, own, v_buffer.index_select(0, donors))
 
 
 _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)

@@ -277,14 +277,14 @@ class TestRerotation:
 
 class TestCheckLayer:
     def test_its_kv_for_every_token_is_what_sglangs_attention_prepares(self):
-        """``_write_check_kv`` (the last check layer, run only as far as its K and V) writes, at the
+        """``write_check_kv`` (the last check layer, run only as far as its K and V) writes, at the
         batch's slots, what ``LlamaAttention.forward_prepare_native`` (SGLang's own, on a stand-in
         layer) computes from the layer's input norm: a change there, e.g. a norm on q and k, fails."""
         from types import SimpleNamespace
 
         from sglang.srt.models.llama import LlamaAttention
 
-        from radix_ext.asks.blend import _write_check_kv
+        from radix_ext.asks.kv_writes import write_check_kv
 
         torch.manual_seed(2)
         heads, kv_heads, dim, width, tokens = 3, 1, 64, 48, 7
@@ -298,7 +298,7 @@ class TestCheckLayer:
         written = []
         pool = SimpleNamespace(set_kv_buffer=lambda *call: written.append(call))
         batch = SimpleNamespace(out_cache_loc=torch.arange(100, 100 + tokens))
-        _write_check_kv(layer, positions, state, batch, pool)
+        write_check_kv(layer, positions, state, batch, pool)
         _, want_k, want_v = LlamaAttention.forward_prepare_native(attn, positions, layer.input_layernorm(state))
         (target, loc, k, v), = written
         assert target is radix and torch.equal(loc.loc, batch.out_cache_loc)

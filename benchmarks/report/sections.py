@@ -284,6 +284,7 @@ DOC_SECTIONS = {
     "blend-repeats-role-sc": ("blend-repeats/role-sc.jsonl", None),
     "blend-repeats-multi-doc": ("blend-repeats/multi-doc.jsonl", None),
     "blend-repeats-paraphrase-sc": ("blend-repeats/paraphrase-sc.jsonl", None),
+    "blend-check-role-sc": ("blend-check/role-sc.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
     "tot": ("tot.jsonl", None),

@@ -23,7 +23,8 @@ against exact (median over branches) and wall time against exact's in the same r
   Against 4 layers with the gate at 0.07 (which flags about the same share of tokens at layer 4
   as 0.025 at layer 2: 2.4% / 4.2% / 66% against 2.3% / 4.7% / 67% on paraphrase-sc / role-sc /
   multi-doc, 4 problems each), 2 layers read 2.11x / 2.00x / 1.26x exact's wall against 1.97x /
-  1.89x / 1.25x, at KL 0.0013 / 0.0017 / 0.016 against 0.0013 / 0.0014 / 0.013.
+  1.89x / 1.25x, at KL 0.0013 / 0.0017 / 0.016 against 0.0013 / 0.0014 / 0.013. The bench's
+  ``--asks-check-sweep`` repeats the comparison (docs/benchmarks.md, "How deep the check runs").
 * the gate, 0.025 at layer 2: the median relative deviation there is 0.0019 on paraphrase-sc,
   0.0032 on role-sc and 0.033 on multi-doc, whose documents were computed alone after the shared
   head and are read after other documents; the gate passes most of multi-doc's tokens and keeps

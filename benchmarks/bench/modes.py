@@ -123,43 +123,43 @@ def resolve_modes(spec: str) -> list[Mode]:
     return modes
 
 
+def _sweep(flag: str, spec: str, what: str, example: str, mode_of) -> list[Mode]:
+    """One mode per comma-separated part of ``spec`` (``mode_of(part)``, a ValueError naming the
+    part); ValueError naming ``flag`` if a part is bad, none is given or one repeats."""
+    modes = []
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        try:
+            modes.append(mode_of(part))
+        except ValueError as e:
+            raise ValueError(f"{flag}: {part!r} is not {what} ({e})") from e
+    if not modes:
+        raise ValueError(f"{flag}: give at least one {what}, e.g. {example}")
+    if len({m.name for m in modes}) != len(modes):
+        raise ValueError(f"{flag}: a {what} is repeated in {spec!r}")
+    return modes
+
+
 def sweep_modes(spec: str) -> list[Mode]:
     """``--asks-recompute-sweep``: one blend mode per comma-separated share in [0, 1], named
     ``asks-blend@<share>``; ValueError naming the flag."""
     from rksc_sgl.config import check_recompute
 
-    modes = []
-    for part in (x.strip() for x in spec.split(",") if x.strip()):
-        try:
-            share = check_recompute("--asks-recompute-sweep", float(part))
-        except ValueError as e:
-            raise ValueError(f"--asks-recompute-sweep: {part!r} is not a share in [0, 1]") from e
-        modes.append(Mode(f"{SWEEP_PREFIX}{share:g}", frozenset({"asks"}), asks_mode="blend", recompute=share,
-                          max_deviation=math.inf))
-    if not modes:
-        raise ValueError("--asks-recompute-sweep: give at least one share, e.g. 0,0.15,1.0")
-    if len({m.name for m in modes}) != len(modes):
-        raise ValueError(f"--asks-recompute-sweep: a share is repeated in {spec!r}")
-    return modes
+    def mode_of(part: str) -> Mode:
+        share = check_recompute("--asks-recompute-sweep", float(part))
+        return Mode(f"{SWEEP_PREFIX}{share:g}", frozenset({"asks"}), asks_mode="blend", recompute=share,
+                    max_deviation=math.inf)
+
+    return _sweep("--asks-recompute-sweep", spec, "a share in [0, 1]", "0,0.15,1.0", mode_of)
 
 
 def check_sweep_modes(spec: str) -> list[Mode]:
     """``--asks-check-sweep``: one blend mode per comma-separated ``LAYERS:GATE`` (an
     ``--asks-check-layers`` value and an ``--asks-max-deviation`` value), named
     ``asks-check@<layers>:<gate>``; ValueError naming the flag and the bad part."""
-    modes = []
-    for part in (x.strip() for x in spec.split(",") if x.strip()):
+    def mode_of(part: str) -> Mode:
         layers, _, gate = part.partition(":")
-        try:
-            config = RkscConfig(asks_check_layers=int(layers), asks_max_deviation=float(gate))
-        except ValueError as e:
-            raise ValueError(f"--asks-check-sweep: {part!r} is not LAYERS:GATE with an int LAYERS >= 2 and a "
-                             f"GATE > 0 ({e})") from e
-        modes.append(Mode(f"{CHECK_PREFIX}{config.asks_check_layers}:{config.asks_max_deviation:g}",
-                          frozenset({"asks"}), asks_mode="blend", max_deviation=config.asks_max_deviation,
-                          check_layers=config.asks_check_layers))
-    if not modes:
-        raise ValueError("--asks-check-sweep: give at least one LAYERS:GATE, e.g. 2:0.025,4:0.07")
-    if len({m.name for m in modes}) != len(modes):
-        raise ValueError(f"--asks-check-sweep: a LAYERS:GATE is repeated in {spec!r}")
-    return modes
+        config = RkscConfig(asks_check_layers=int(layers), asks_max_deviation=float(gate))
+        return Mode(f"{CHECK_PREFIX}{config.asks_check_layers}:{config.asks_max_deviation:g}", frozenset({"asks"}),
+                    asks_mode="blend", max_deviation=config.asks_max_deviation, check_layers=config.asks_check_layers)
+
+    return _sweep("--asks-check-sweep", spec, "LAYERS:GATE (an int >= 2, a number > 0)", "2:0.025,4:0.07", mode_of)

@@ -268,15 +268,17 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         hidden = stack.layers[i](positions, hidden, forward_batch)
     started = time.perf_counter()
     pool = get_attn_backend().token_to_kv_pool
+    reused = [(plan, plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()) for plan in plans]
     checked_state = None  # the stream's full state entering the last check layer
-    if full_layers:
+    if full_layers:  # the check compares only covered rows' KV; every other row is kept and computes its own
         checked_state = residual_batch.snapshot(hidden, forward_batch)
-        write_check_kv(stack.layers[layers[resume]], positions, checked_state, forward_batch, pool)
+        covered = torch.cat([rows for plan, rows, _, _ in reused if 0 < plan.decision.recompute < 1])
+        write_check_kv(stack.layers[layers[resume]], positions[covered], checked_state[covered],
+                       forward_batch.out_cache_loc[covered], pool)
     num_tokens = int(input_ids.shape[0])
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
-    for plan in plans:
-        rows, donors, deltas = plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()
+    for plan, rows, donors, deltas in reused:
         scores = relative = None
         if full_layers and 0 < plan.decision.recompute < 1:
             check = stack.layers[layers[resume]].self_attn

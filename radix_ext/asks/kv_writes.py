@@ -1,6 +1,6 @@
 """What ASKS blend writes into the KV pool itself, around the layers SGLang's attention writes.
 
-* ``write_check_kv``: the last check layer's K and V for every token of a batch, from the layer's
+* ``write_check_kv``: the last check layer's K and V for the tokens a donor covers, from the layer's
   input norm, QKV projection and rotation alone. The selection compares them with the donor's;
   the layer's attention and MLP then run for the kept rows only (for a row whose KV is the
   donor's from the next layer on, they would be thrown away).
@@ -15,12 +15,12 @@ import torch
 from radix_ext.asks.selection import rerotate
 
 
-def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, forward_batch, pool) -> None:
-    """The K and V that ``layer`` would write for every token of the batch, written into the
-    batch's slots: its input norm of ``state`` (the stream's full state, so no residual is
-    pending), its QKV projection and rotation (``LlamaAttention.forward_prepare_native``; Qwen2's
-    forward does the same inline). The kept rows run the layer whole afterwards and write theirs
-    again; the reused rows' KV at this layer is their own, computed in their own context."""
+def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, pool) -> None:
+    """The K and V that ``layer`` would write for the rows whose stream state is ``state`` (the
+    full state, so no residual is pending), written into their ``slots``: its input norm, QKV
+    projection and rotation (``LlamaAttention.forward_prepare_native``; Qwen2's forward does the
+    same inline). The kept rows run the layer whole afterwards and write theirs again; the reused
+    rows' KV at this layer is their own, computed in their own context."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
     attn = layer.self_attn
@@ -28,8 +28,7 @@ def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, forward_
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
     _, k = attn.rotary_emb(positions, q, k)
     radix = attn.attn
-    pool.set_kv_buffer(radix, KVWriteLoc(forward_batch.out_cache_loc, None),
-                       k.view(-1, radix.tp_k_head_num, radix.qk_head_dim),
+    pool.set_kv_buffer(radix, KVWriteLoc(slots, None), k.view(-1, radix.tp_k_head_num, radix.qk_head_dim),
                        v.view(-1, radix.tp_v_head_num, radix.v_head_dim))
 
 

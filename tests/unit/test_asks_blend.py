@@ -278,7 +278,7 @@ class TestRerotation:
 class TestCheckLayer:
     def test_its_kv_for_every_token_is_what_sglangs_attention_prepares(self):
         """``write_check_kv`` (the last check layer, run only as far as its K and V) writes, at the
-        batch's slots, what ``LlamaAttention.forward_prepare_native`` (SGLang's own, on a stand-in
+        rows' slots, what ``LlamaAttention.forward_prepare_native`` (SGLang's own, on a stand-in
         layer) computes from the layer's input norm: a change there, e.g. a norm on q and k, fails."""
         from types import SimpleNamespace
 
@@ -297,11 +297,11 @@ class TestCheckLayer:
         state, positions = torch.randn(tokens, width), torch.arange(40, 40 + tokens)
         written = []
         pool = SimpleNamespace(set_kv_buffer=lambda *call: written.append(call))
-        batch = SimpleNamespace(out_cache_loc=torch.arange(100, 100 + tokens))
-        write_check_kv(layer, positions, state, batch, pool)
+        slots = torch.arange(100, 100 + tokens)
+        write_check_kv(layer, positions, state, slots, pool)
         _, want_k, want_v = LlamaAttention.forward_prepare_native(attn, positions, layer.input_layernorm(state))
         (target, loc, k, v), = written
-        assert target is radix and torch.equal(loc.loc, batch.out_cache_loc)
+        assert target is radix and torch.equal(loc.loc, slots)
         assert torch.equal(k, want_k.view(tokens, kv_heads, dim)) and torch.equal(v, want_v.view(tokens, kv_heads, dim))
 
 

@@ -1,0 +1,91 @@
+"""``python -m benchmarks.gemv_bandwidth``: how fast torch's decode-shaped linears read their
+weights, against how fast this machine streams memory.
+
+    python -m benchmarks.gemv_bandwidth --threads 1,2 --dtypes float32,bfloat16
+
+A decode step multiplies one row per stream by every weight matrix, so its linears are bound by
+how fast the weights come from memory. This prints, per thread count, the read bandwidth of a sum
+over ``--stream-mb`` of memory, and per dtype the bandwidth a 1 x 576 by 576 x 1,536 linear
+(SmolLM2-135M's MLP shape) reaches with its weights out of cache (``--matrices`` different
+matrices, cycled). Medians of ``--repeats``; one JSON line per measurement. A probe for issue 38's
+decode work, not a product path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def stream_gbps(megabytes: int, repeats: int) -> float:
+    """Read bandwidth of ``torch.sum`` over ``megabytes`` of float32, in GB/s."""
+    x = torch.ones(megabytes * 1024 * 1024 // 4, dtype=torch.float32)
+    return x.numel() * 4 / _median_seconds(x.sum, repeats) / 1e9
+
+
+def gemv_gbps(dtype: torch.dtype, matrices: int, repeats: int, rows: int = 1536, cols: int = 576) -> tuple[float, float]:
+    """(microseconds per linear, weight bytes read per second in GB/s) for a 1 x cols input against
+    ``matrices`` different rows x cols weights, each read once per pass."""
+    weights = [torch.randn(rows, cols).to(dtype) for _ in range(matrices)]
+    x = torch.randn(1, cols).to(dtype)
+
+    def one_pass() -> None:
+        for w in weights:
+            F.linear(x, w)
+
+    per_linear = _median_seconds(one_pass, repeats) / matrices
+    return per_linear * 1e6, rows * cols * weights[0].element_size() / per_linear / 1e9
+
+
+def _csv(kind, choices=None):
+    def parse(text: str) -> list:
+        values = [kind(v) for v in text.split(",") if v]
+        bad = [v for v in values if choices is not None and v not in choices]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list"
+                                             + (f" from {', '.join(choices)}" if choices else ""))
+        return values
+    return parse
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gemv_bandwidth", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=_csv(int), default=[1, 2], help="torch thread counts, comma-separated")
+    p.add_argument("--dtypes", type=_csv(str, DTYPES), default=list(DTYPES), help="weight dtypes, comma-separated")
+    p.add_argument("--matrices", type=int, default=200, help="different weight matrices cycled (more than the caches hold)")
+    p.add_argument("--stream-mb", type=int, default=512, help="memory summed for the stream bandwidth")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    for name in ("matrices", "stream_mb", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.threads) < 1:
+        p.error(f"--threads must be >= 1, got {min(args.threads)}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        print(json.dumps({"threads": threads, "what": "stream sum", "GB/s": round(stream_gbps(args.stream_mb, args.repeats), 1)}))
+        for dtype in args.dtypes:
+            micros, gbps = gemv_gbps(DTYPES[dtype], args.matrices, args.repeats)
+            print(json.dumps({"threads": threads, "what": f"linear 1x576 @ 576x1536, {dtype}",
+                              "us": round(micros), "GB/s": round(gbps, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@ ENV_VAR = "RKSC_SGL_CONFIG"
 POOLINGS = ("mean", "last")  # --asks-pooling
 ASKS_MODES = ("blend", "adopt")  # --asks-mode
 ASKS_SELECTORS = ("deviation", "leading")  # --asks-select
-CPU_LINEAR_DTYPES = ("float32", "bfloat16")  # --cpu-linear-dtype (radix_ext.cpu.speed.LINEAR_DTYPES)
+CPU_LINEAR_DTYPES = ("float32", "bfloat16", "int8")  # --cpu-linear-dtype (radix_ext.cpu.speed.LINEAR_DTYPES)
 BACKEND_NAME = "rksc"
 
 

@@ -43,6 +43,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from radix_ext.cpu import vnni
+
 THREADS_ENV = "RKSC_CPU_THREADS"
 LARGE_TOKENS_ENV = "RKSC_CPU_LARGE_FORWARD_TOKENS"
 
@@ -114,7 +116,7 @@ ONEDNN_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0" keeps SGLang's F.linear (for ablat
 MAX_ROWS_ENV = "RKSC_CPU_ONEDNN_MAX_ROWS"
 MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more float32 rows than this (prefill chunks): MKL's F.linear
 PACKED_ATTR = "_rksc_onednn_weight"
-LINEAR_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --cpu-linear-dtype
+LINEAR_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}  # --cpu-linear-dtype
 
 
 def _onednn_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -125,8 +127,11 @@ def _onednn_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor |
     key = (weight.data_ptr(), weight._version)
     packed = layer.__dict__.get(PACKED_ATTR)
     if packed is None or packed[0] != key:  # first use, or the weights were updated in place
-        packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None))
+        packed = (key, vnni.pack(weight) if dtype == torch.int8
+                  else torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None))
         layer.__dict__[PACKED_ATTR] = packed
+    if dtype == torch.int8:
+        return vnni.linear(x, packed[1], bias)
     if dtype == x.dtype:
         return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
     # Reduced-precision weights: the input is rounded to their dtype, oneDNN accumulates in float32
@@ -170,6 +175,8 @@ def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
     """
     if dtype not in LINEAR_DTYPES:
         raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(LINEAR_DTYPES)}, got {dtype!r}")
+    if dtype == "int8" and vnni.unsupported():
+        raise ValueError(f"--cpu-linear-dtype int8: {vnni.unsupported()}; use bfloat16 or float32")
     if not torch.backends.mkldnn.is_available() or os.environ.get(ONEDNN_ENV, "1") == "0":
         if dtype != "float32":
             raise ValueError(f"--cpu-linear-dtype {dtype} needs oneDNN linears ({ONEDNN_ENV}=0 or no oneDNN)")

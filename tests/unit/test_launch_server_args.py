@@ -16,7 +16,7 @@ def test_our_flags_are_parsed_with_their_types_and_the_rest_passes_through():
 
 @pytest.mark.parametrize("argv,flag", [(["--cgee-tau-conf", "1.5"], "--cgee-tau-conf"), (["--max-n", "0"], "--max-n"),
                                        (["--max-fanout", "0"], "--max-fanout"),
-                                       (["--cpu-linear-dtype", "int8"], "--cpu-linear-dtype")])
+                                       (["--cpu-linear-dtype", "int4"], "--cpu-linear-dtype")])
 def test_bad_value_exits_with_status_2_naming_the_flag(capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
         split_args(argv)

@@ -1,0 +1,147 @@
+// int8-weight linears on x86 CPUs with AVX-512 VNNI: ``torch.ops.rksc_vnni.w8a16_linear``, built and
+// loaded by radix_ext/cpu/vnni.py, which also packs the weights and says why these numbers.
+//
+// Weights: int8, one float32 scale per row and group of 32 inputs (qw[n, k] * sw[n, k / 32]).
+// (The layout is below, at ``tile``.)
+// Inputs: each row rounded to int16 at its own scale sx[m] = max|x[m]| / 32767.
+// y[m, n] = sx[m] * sum_g sw[n, g] * float(sum_{k in g} qx[m, k] * qw[n, k]) + bias[n]
+// Each group's sum is exact in int32 (|sum| <= 32 * 32767 * 127 < 2^31) and the groups are added in
+// order with one fused multiply-add each, whatever the tile: a row's output depends on that row
+// alone, never on the rows batched with it. vpdpwssd multiplies 16-bit pairs: 32 products per
+// instruction; the weights are read as bytes and widened in registers.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kGroup = 32;   // inputs per weight scale
+constexpr int64_t kCols = 16;    // output columns per packed block (one zmm of int32 sums)
+constexpr int64_t kBlocks = 4;   // blocks per task
+constexpr int kMaxRows = 3;      // rows per tile: 3 x 4 int32 and float32 accumulators fit 32 zmm
+
+void quantize_row(const float* x, int64_t K, int16_t* q, float* scale) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  const float m = _mm512_reduce_max_ps(amax);
+  const float s = m > 0.f ? m / 32767.f : 1.f;
+  const __m512 inv = _mm512_set1_ps(1.f / s);
+  const __m512i hi = _mm512_set1_epi32(32767), lo = _mm512_set1_epi32(-32767);
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), inv));  // half to even
+    v = _mm512_max_epi32(_mm512_min_epi32(v, hi), lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm512_cvtepi32_epi16(v));
+  }
+  *scale = s;
+}
+
+// R rows x C blocks. w: [NB][K/32][576] bytes: per block and group, the weights [16 pairs of
+// inputs][16 columns][2] int8, then the group's 16 float32 scales: one sequential stream per block.
+constexpr int64_t kGroupBytes = kGroup * kCols + kCols * 4;
+
+template <int R, int C>
+void tile(const int16_t* q, int64_t K, const float* xs, const int8_t* w, int64_t nb0, int64_t N,
+          const float* bias, float* out, int64_t ldo) {
+  __m512 facc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) facc[r][c] = _mm512_setzero_ps();
+  const int64_t G = K / kGroup;
+  const int8_t* wb[C];
+  for (int c = 0; c < C; ++c) wb[c] = w + (nb0 + c) * G * kGroupBytes;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+    const int16_t* qg = q + g * kGroup;
+    for (int64_t j = 0; j < kGroup / 2; ++j) {
+      __m512i wv[C];
+      for (int c = 0; c < C; ++c)
+        wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[c] + g * kGroupBytes + j * 32)));
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, qg + r * K + 2 * j, 4);
+        const __m512i a = _mm512_set1_epi32(pair);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], a, wv[c]);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(wb[c] + g * kGroupBytes + kGroup * kCols));
+      for (int r = 0; r < R; ++r) facc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), s, facc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 sx = _mm512_set1_ps(xs[r]);
+    for (int c = 0; c < C; ++c) {
+      const int64_t n0 = (nb0 + c) * kCols;
+      const __mmask16 m = n0 + kCols <= N ? static_cast<__mmask16>(0xFFFF)
+                                          : static_cast<__mmask16>((1u << (N - n0)) - 1);
+      __m512 v = _mm512_mul_ps(facc[r][c], sx);
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + n0));
+      _mm512_mask_storeu_ps(out + r * ldo + n0, m, v);
+    }
+  }
+}
+
+template <int C>
+void rows(const int16_t* q, int64_t M, int64_t K, const float* xs, const int8_t* w, int64_t nb0,
+          int64_t N, const float* bias, float* out) {
+  int64_t r = 0;
+  for (; r + kMaxRows <= M; r += kMaxRows) tile<kMaxRows, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
+  if (M - r == 2) tile<2, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
+  if (M - r == 1) tile<1, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
+}
+
+at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % kGroup == 0, "the input width must be a multiple of ", kGroup, ", got ", K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 3 && w.size(1) * kGroup == K &&
+              w.size(2) == kGroupBytes, "w: packed int8 [N/16, K/32, ", kGroupBytes, "], got ", w.sizes(), " for K ", K);
+  const int64_t NB = w.size(0);
+  TORCH_CHECK(NB * kCols >= N && (NB - 1) * kCols < N, "N ", N, " does not fit ", NB, " blocks");
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N, "bias: float32 [N]");
+    b = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
+  at::Tensor xs = at::empty({M}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int16_t* qp = q.data_ptr<int16_t>();
+  float* xsp = xs.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * K, K, qp + r * K, xsp + r);
+  });
+  const int8_t* wp = w.data_ptr<int8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, (NB + kBlocks - 1) / kBlocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t nb0 = t * kBlocks;
+      switch (std::min(kBlocks, NB - nb0)) {
+        case 4: rows<4>(qp, M, K, xsp, wp, nb0, N, b, op); break;
+        case 3: rows<3>(qp, M, K, xsp, wp, nb0, N, b, op); break;
+        case 2: rows<2>(qp, M, K, xsp, wp, nb0, N, b, op); break;
+        default: rows<1>(qp, M, K, xsp, wp, nb0, N, b, op); break;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(rksc_vnni, m) {
+  m.def("w8a16_linear(Tensor x, Tensor w, int N, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rksc_vnni, CPU, m) {
+  m.impl("w8a16_linear", &w8a16_linear);
+}

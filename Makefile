@@ -47,8 +47,11 @@ $(FRONT_STAMP): requirements/front.lock
 	$(FRONT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/front.lock
 	touch $(FRONT_STAMP)
 
+# The model (converted once into the user cache), and the CPU kernels of --cpu-linear-dtype int8
+# (compiled once, ~10 s; on a CPU without AVX-512 VNNI it says so and builds nothing).
 model: install
 	$(PY) -m rksc_sgl.model_cache
+	$(PY) -m radix_ext.cpu.kernels
 
 demo: model
 	$(PY) -m programs.demo

@@ -93,7 +93,9 @@ class RkscConfig:
     asks_check_layers: int = 2
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
-    # float32, at every batch size. Norms, attention, the KV cache and sampling stay float32.
+    # float32, at every batch size; "int8" (x86 with AVX-512 VNNI, radix_ext.cpu.kernels) keeps int8
+    # weights with a scale per 32 inputs and fuses the RMSNorms. Attention, the KV cache and
+    # sampling stay float32.
     cpu_linear_dtype: str = "float32"
 
     def __post_init__(self) -> None:

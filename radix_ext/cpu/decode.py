@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from radix_ext.cpu import kernels
 from radix_ext.model_stack import TARGETS, plain_call, plain_stack
 
 LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
@@ -184,6 +185,7 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
     hidden = stack.embed_tokens(input_ids)
     residual = None
     tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary module -> this step's cos, sin
+    rotate = kernels.rope_neox if model.__dict__.get(kernels.ACTIVE_ATTR) else _rotate  # the same bits
     for p in plans:
         if residual is None:  # the stack's input is the first residual
             residual, x = hidden, p.ln1(hidden)
@@ -196,8 +198,9 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
             table = tables.get(id(p.rotary))
             if table is None:
                 cos, sin = p.rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-                table = tables[id(p.rotary)] = (cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype))
-            q, k = _rotate(q, p.q_heads, *table), _rotate(k, p.k_heads, *table)
+                table = tables[id(p.rotary)] = (cos.unsqueeze(-2).to(q.dtype).contiguous(),
+                                                sin.unsqueeze(-2).to(q.dtype).contiguous())
+            q, k = rotate(q, p.q_heads, *table), rotate(k, p.k_heads, *table)
         out = backend.forward_decode(q, k.view(-1, p.k_heads, p.qk_dim), v.view(-1, p.v_heads, p.v_dim),
                                      p.attn, forward_batch)
         hidden = p.o(out)

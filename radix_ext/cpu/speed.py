@@ -43,7 +43,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from radix_ext.cpu import vnni
+from radix_ext.cpu import kernels
 
 THREADS_ENV = "RKSC_CPU_THREADS"
 LARGE_TOKENS_ENV = "RKSC_CPU_LARGE_FORWARD_TOKENS"
@@ -127,11 +127,11 @@ def _onednn_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor |
     key = (weight.data_ptr(), weight._version)
     packed = layer.__dict__.get(PACKED_ATTR)
     if packed is None or packed[0] != key:  # first use, or the weights were updated in place
-        packed = (key, vnni.pack(weight) if dtype == torch.int8
+        packed = (key, kernels.pack(weight) if dtype == torch.int8
                   else torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None))
         layer.__dict__[PACKED_ATTR] = packed
     if dtype == torch.int8:
-        return vnni.linear(x, packed[1], bias)
+        return kernels.linear(x, packed[1], bias)
     if dtype == x.dtype:
         return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
     # Reduced-precision weights: the input is rounded to their dtype, oneDNN accumulates in float32
@@ -175,8 +175,8 @@ def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
     """
     if dtype not in LINEAR_DTYPES:
         raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(LINEAR_DTYPES)}, got {dtype!r}")
-    if dtype == "int8" and vnni.unsupported():
-        raise ValueError(f"--cpu-linear-dtype int8: {vnni.unsupported()}; use bfloat16 or float32")
+    if dtype == "int8" and kernels.unsupported():
+        raise ValueError(f"--cpu-linear-dtype int8: {kernels.unsupported()}; use bfloat16 or float32")
     if not torch.backends.mkldnn.is_available() or os.environ.get(ONEDNN_ENV, "1") == "0":
         if dtype != "float32":
             raise ValueError(f"--cpu-linear-dtype {dtype} needs oneDNN linears ({ONEDNN_ENV}=0 or no oneDNN)")
@@ -202,4 +202,6 @@ def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
         if type(method) in swaps.values() and PACKED_ATTR not in module.__dict__:
             _onednn_linear(module, weight.new_zeros(1, weight.shape[1]), None)  # pack now, not mid-request
             count += 1
+    if dtype == "int8":
+        kernels.use_fused_norms(model)
     return count

@@ -9,13 +9,15 @@ in an order that depends on the batch's longest request, so a ragged greedy batc
 sampled one are compared as ``test_fast_decode`` compares engines (log-probabilities within
 float rounding; a sequence may part ways only at a near-tie). If SGLang's decoder layer changes
 underneath (another norm placement, a fused op resolved differently), these are the tests that
-fail. The readback proves the loop ran, and that the other engine never took it.
+fail. The readback proves the loop ran, and that the other engine never took it. The same holds
+with ``--cpu-linear-dtype int8`` (its fused norm serves both engines).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from radix_ext.cpu import kernels
 from rksc_sgl.protocol import DECODE_KEY
 from tests.integration.test_fast_decode import Decoded, assert_same_decoding
 
@@ -32,13 +34,15 @@ PROMPTS = [
 ]
 
 
-def launch(env: dict[str, str]):
+def launch(env: dict[str, str], linear_dtype: str = "float32"):
+    from rksc_sgl.config import RkscConfig
     from rksc_sgl.engine import launch_engine
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
-        return launch_engine(max_total_tokens=POOL_TOKENS, log_level="error")
+        return launch_engine(rksc=RkscConfig(cpu_linear_dtype=linear_dtype), max_total_tokens=POOL_TOKENS,
+                             log_level="error")
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +95,21 @@ def test_seeded_sampling(engines):
     params = [{"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.95, "sampling_seed": 100 + i, "ignore_eos": True}
               for i in range(len(PROMPTS))]
     assert assert_same_decoding(decoded(run(plain, PROMPTS, params)), decoded(run(lean, PROMPTS, params))) <= 1
+
+
+@pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
+def test_one_stream_is_bitwise_sglangs_with_int8_linears_and_fused_norms():
+    """int8 points the norms of both engines at the fused one, and the lean loop rotates with
+    ``rope_neox``, which gives ``_rotate``'s bits: still SGLang's step, bit for bit."""
+    params = [{"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}]
+    results = []
+    for env in ({}, {"RKSC_CPU_LEAN_DECODE": "0"}):
+        engine = launch(env, "int8")
+        try:
+            results.append(run(engine, PROMPTS[1:2], params))
+            results.append(decode_stats(engine)["lean_steps"])
+        finally:
+            engine.shutdown()
+    ours, lean_steps, theirs, plain_steps = results
+    assert (lean_steps, plain_steps) == (31, 0)
+    assert ours == theirs

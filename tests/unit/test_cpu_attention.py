@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from radix_ext.cpu import attention as cpu_attention
+from radix_ext.cpu import attention as cpu_attention, kernels
 from radix_ext.cpu.attention import BACKEND_NAME, RkscCpuAttnBackend, DecodeSlots, batched_decode_attention
 from radix_ext.cpu.speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_onednn_linears
 
@@ -263,18 +263,18 @@ class TestSGLangContract:
 class TinyModel(torch.nn.Module):
     """SGLang-shaped layers: each linear holds ``weight`` and a ``quant_method`` that runs it."""
 
-    def __init__(self, tied_lm_head: bool = True, dtype=torch.float32):
+    def __init__(self, tied_lm_head: bool = True, dtype=torch.float32, width: int = 16):
         from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
 
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.embed_tokens = torch.nn.Module()
-        self.embed_tokens.weight = torch.nn.Parameter(torch.randn(40, 16, generator=g, dtype=dtype), requires_grad=False)
+        self.embed_tokens.weight = torch.nn.Parameter(torch.randn(40, width, generator=g, dtype=dtype), requires_grad=False)
         self.embed_tokens.quant_method = UnquantizedEmbeddingMethod()
         self.proj = torch.nn.Module()
-        self.proj.weight = torch.nn.Parameter(torch.randn(24, 16, generator=g, dtype=dtype), requires_grad=False)
+        self.proj.weight = torch.nn.Parameter(torch.randn(24, width, generator=g, dtype=dtype), requires_grad=False)
         self.proj.quant_method = UnquantizedLinearMethod()
-        self.lm_head = self.embed_tokens if tied_lm_head else torch.nn.Linear(16, 40)
+        self.lm_head = self.embed_tokens if tied_lm_head else torch.nn.Linear(width, 40)
 
 
 class TestOneDnnLinears:
@@ -342,6 +342,26 @@ class TestOneDnnLinears:
         x = torch.randn(2, 16)
         torch.testing.assert_close(model.proj.quant_method.apply(model.proj, x, model.proj.bias),
                                    model.proj.quant_method.apply(model.proj, x) + model.proj.bias)
+
+    @pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
+    def test_int8_runs_the_vnni_kernel_for_linears_and_lm_head_and_repacks_updated_weights(self):
+        model = TinyModel(width=64)
+        model.proj.bias = torch.randn(24)
+        before = model.proj.weight.clone()
+        assert use_onednn_linears(model, "int8") == 2
+        x = torch.randn(300, 64)
+        for layer, bias in ((model.proj, model.proj.bias), (model.embed_tokens, None)):
+            out = layer.quant_method.apply(layer, x, bias)
+            assert torch.equal(out, kernels.linear(x, kernels.pack(layer.weight), bias))
+        assert torch.equal(model.proj.weight, before)
+        model.proj.weight.mul_(2.0)
+        out, exact = model.proj.quant_method.apply(model.proj, x), F.linear(x, model.proj.weight)
+        assert (out - exact).abs().max() <= 0.02 * exact.abs().max()
+
+    def test_int8_on_a_cpu_without_vnni_is_refused_by_name(self, monkeypatch):
+        monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx512f"})
+        with pytest.raises(ValueError, match="--cpu-linear-dtype int8: the CPU lacks"):
+            use_onednn_linears(TinyModel(width=64), "int8")
 
     def test_an_unknown_dtype_is_refused_by_name(self):
         with pytest.raises(ValueError, match="--cpu-linear-dtype.*int4"):

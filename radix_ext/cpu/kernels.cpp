@@ -1,6 +1,8 @@
-// int8-weight linears on x86 CPUs with AVX-512 VNNI: ``torch.ops.rksc_vnni.w8a16_linear``, built and
-// loaded by radix_ext/cpu/vnni.py, which also packs the weights and says why these numbers.
+// The CPU kernels of ``--cpu-linear-dtype int8`` (AVX-512 VNNI), built and loaded by
+// radix_ext/cpu/kernels.py, which also packs the weights and says why these numbers:
+// ``torch.ops.rksc_cpu_kernels.w8a16_linear``, ``add_rms_norm`` and ``rope_neox``.
 //
+// w8a16_linear.
 // Weights: int8, one float32 scale per row and group of 32 inputs (qw[n, k] * sw[n, k / 32]).
 // (The layout is below, at ``tile``.)
 // Inputs: each row rounded to int16 at its own scale sx[m] = max|x[m]| / 32767.
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 namespace {
 
@@ -136,12 +139,100 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(rksc_vnni, m) {
-  m.def("w8a16_linear(Tensor x, Tensor w, int N, Tensor? bias) -> Tensor");
+// add_rms_norm: s = x + residual (or x alone), y = (s * (1 / sqrt(mean(s^2) + eps))) * weight, per
+// row; returns (y, s). SGLang's RMSNorm.forward_native computes the same products; only the order of
+// the sum of squares differs (float rounding). One pass per row, no temporaries.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                                                const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 16 == 0, "the width must be a multiple of 16, got ", K);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == K, "weight: float32 [K]");
+  const bool add = residual.has_value() && residual->defined();
+  if (add) TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->sizes() == x.sizes(),
+                       "residual: contiguous float32 like x");
+  at::Tensor out = at::empty({M, K}, x.options());
+  at::Tensor sum = add ? at::empty({M, K}, x.options()) : x;
+  const float* xp = x.data_ptr<float>();
+  const float* rp = add ? residual->data_ptr<float>() : nullptr;
+  const float* wp = weight.data_ptr<float>();
+  float* sp = sum.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * K;
+      float* sr = sp + r * K;
+      __m512 sq = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; k += 16) {
+        __m512 v = _mm512_loadu_ps(xr + k);
+        if (add) {
+          v = _mm512_add_ps(v, _mm512_loadu_ps(rp + r * K + k));
+          _mm512_storeu_ps(sr + k, v);
+        }
+        sq = _mm512_fmadd_ps(v, v, sq);
+      }
+      const float mean = _mm512_reduce_add_ps(sq) / static_cast<float>(K);
+      const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(mean + static_cast<float>(eps)));
+      for (int64_t k = 0; k < K; k += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sr + k), inv);
+        _mm512_storeu_ps(op + r * K + k, _mm512_mul_ps(v, _mm512_loadu_ps(wp + k)));
+      }
+    }
+  });
+  return {out, sum};
 }
 
-TORCH_LIBRARY_IMPL(rksc_vnni, CPU, m) {
+// rope_neox: the neox rotation of x [n, heads * 2h] (rows may be strided) by cos / sin [n, 1, h]:
+// [x1 * cos - x2 * sin, x2 * cos + x1 * sin] per head, into a new contiguous tensor. Each element is
+// two rounded products and a rounded sum, as in SGLang's torch code: the same bits.
+at::Tensor rope_neox(const at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1, "x: float32 [n, width], unit stride");
+  const int64_t n = x.size(0), width = x.size(1);
+  TORCH_CHECK(heads > 0 && width % (2 * heads) == 0, "width ", width, " is not heads x an even head size");
+  const int64_t half = width / heads / 2;
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.numel() == n * half &&
+              sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.numel() == n * half,
+              "cos, sin: contiguous float32 [n, 1, ", half, "]");
+  at::Tensor out = at::empty({n, width}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* c = cp + r * half;
+    const float* s = sp + r * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* x1 = xp + r * ldx + h * 2 * half;
+      const float* x2 = x1 + half;
+      float* o1 = op + r * width + h * 2 * half;
+      float* o2 = o1 + half;
+      int64_t i = 0;
+      for (; i + 16 <= half; i += 16) {
+        const __m512 a = _mm512_loadu_ps(x1 + i), b = _mm512_loadu_ps(x2 + i);
+        const __m512 vc = _mm512_loadu_ps(c + i), vs = _mm512_loadu_ps(s + i);
+        _mm512_storeu_ps(o1 + i, _mm512_sub_ps(_mm512_mul_ps(a, vc), _mm512_mul_ps(b, vs)));
+        _mm512_storeu_ps(o2 + i, _mm512_add_ps(_mm512_mul_ps(b, vc), _mm512_mul_ps(a, vs)));
+      }
+      for (; i < half; ++i) {
+        o1[i] = x1[i] * c[i] - x2[i] * s[i];
+        o2[i] = x2[i] * c[i] + x1[i] * s[i];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(rksc_cpu_kernels, m) {
+  m.def("w8a16_linear(Tensor x, Tensor w, int N, Tensor? bias) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rope_neox(Tensor x, int heads, Tensor cos, Tensor sin) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rksc_cpu_kernels, CPU, m) {
   m.impl("w8a16_linear", &w8a16_linear);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rope_neox", &rope_neox);
 }

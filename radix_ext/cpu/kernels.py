@@ -1,29 +1,33 @@
-"""int8 linears on x86 CPUs with AVX-512 VNNI (``--cpu-linear-dtype int8``): the kernel in
-``vnni.cpp``, compiled once per source and torch version into the user cache, its weight packing,
-and the call.
+"""The CPU kernels of ``--cpu-linear-dtype int8`` (x86 with AVX-512 VNNI): int8-weight linears and
+a fused residual add + RMSNorm, in ``kernels.cpp``, compiled once per source and torch version into
+the user cache; the weight packing, and the calls.
 
 **Why.** A one-stream decode step reads every weight once, and the step's linears are most of its
 time (``docs/benchmarks.md``, "Where a decode step's time goes"). oneDNN's packed bf16 GEMV reads
 them at about half the rate the machine streams memory (``python -m benchmarks.gemv_bandwidth``);
-this kernel reads half the bytes, at nearer the stream's rate, and multiplies 64 byte pairs per
-instruction, so batches of 8-32 rows gain too.
+``w8a16_linear`` reads about half the bytes (int8 and a scale per 32), nearer the stream's rate.
+SGLang's RMSNorm on the CPU is eight torch ops per call, 61 calls per step; ``add_rms_norm`` is one.
 
-**Numbers.** Each weight row is rounded to int8 at its own scale (max |w| / 127), once, at
-load; each input row likewise, at every call. The products are summed exactly in int32, then
-scaled back to float32 (``vnni.cpp`` gives the formula). So a token's output depends on its own
-input alone, never on the batch around it, which keeps mode comparisons in a benchmark exact.
-The text differs from float32's as bf16's does: ``python -m benchmarks.speed --cpu-linear-dtype
-int8`` reports greedy agreement with float32 beside the speed.
+**Numbers.** Each weight row's group of 32 inputs is rounded to int8 at its own scale (max |w| /
+127), once, at load; each input row to int16 at its own scale, at every call. The products are
+summed exactly in int32 per group, then scaled back and added in float32 in a fixed order
+(``kernels.cpp`` gives the formula). So a token's output depends on its own input alone, never on
+the batch around it, which keeps mode comparisons in a benchmark exact. Why these widths: greedy
+text of SmolLM2 against float32's, 50 GSM8K prompts x 128 tokens, identical prompts (median first
+differing token), from a simulation in torch (not kept): one weight scale per row with int8
+inputs 1 (3); per row with float inputs 9 (17); per 32 with int8 inputs 8 (15); per 32 with int16
+inputs, this kernel, 15 (51); bf16 linears 14 (52). ``python -m benchmarks.speed
+--cpu-linear-dtype int8`` measures the kernel's agreement beside its speed. The norm computes
+SGLang's products; only its sum of squares is added in another order.
 
-**Build.** ``python -m radix_ext.cpu.vnni`` (``make model`` runs it) compiles the kernel with the
-C++ compiler ``$CXX`` (default ``g++``) against the installed torch's headers, about 10 s, into
-``<cache>/kernels/`` (``rksc_sgl.model_cache.cache_dir``); the first engine that needs it builds
-it otherwise. ``unsupported()`` names what is missing on a machine where it cannot run.
+**Build.** ``python -m radix_ext.cpu.kernels`` (``make model`` runs it) compiles the source with
+the C++ compiler ``$CXX`` (default ``g++``) against the installed torch's headers, about 10 s,
+into ``<cache>/kernels/`` (``rksc_sgl.model_cache.cache_dir``); the first engine that needs it
+builds it otherwise. ``unsupported()`` names what is missing on a machine where it cannot run.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("vnni.cpp")
+SOURCE = Path(__file__).with_name("kernels.cpp")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw",
                  "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-w")
@@ -74,7 +78,7 @@ def library_path() -> Path:
 
     key = hashlib.sha256(SOURCE.read_bytes())
     key.update(f"{torch.__version__}|{sys.version_info[:2]}|{_compiler()}|{' '.join(COMPILE_FLAGS)}".encode())
-    return cache_dir() / "kernels" / f"rksc_vnni-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"rksc_cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
 def build() -> Path:
@@ -103,10 +107,16 @@ def build() -> Path:
     return target
 
 
-@functools.cache
-def _op():
-    torch.ops.load_library(str(build()))
-    return torch.ops.rksc_vnni.w8a16_linear
+_loaded = None  # torch.ops.rksc_cpu_kernels, once its library is loaded in this process
+ACTIVE_ATTR = "_rksc_cpu_kernels"  # on a model whose norms use_fused_norms pointed here
+
+
+def _ops():
+    global _loaded
+    if _loaded is None:
+        torch.ops.load_library(str(build()))
+        _loaded = torch.ops.rksc_cpu_kernels
+    return _loaded
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,9 +150,62 @@ def linear(x: torch.Tensor, packed: tuple[torch.Tensor, int], bias: torch.Tensor
     """``F.linear(x, weight, bias)`` with ``packed = pack(weight)``, in float32, for x of any
     leading shape."""
     values, n = packed
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and bias is None:  # a decode step's
+        return _ops().w8a16_linear(x, values, n, None)
     rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
-    out = _op()(rows, values, n, None if bias is None else bias.to(torch.float32).contiguous())
+    out = _ops().w8a16_linear(rows, values, n, None if bias is None else bias.to(torch.float32).contiguous())
     return out.view(*x.shape[:-1], n).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, s): s = x + residual (x without one), y = s * rsqrt(mean(s^2) + eps) * weight, per row of
+    float32 [..., K]; SGLang's ``RMSNorm.forward_native`` up to the order of the sum of squares."""
+    if x.dim() == 2 and x.is_contiguous() and (residual is None or residual.is_contiguous()):
+        return _ops().add_rms_norm(x, residual, weight, eps)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    res = None if residual is None else residual.reshape(rows.shape).contiguous()
+    out, total = _ops().add_rms_norm(rows, res, weight, eps)
+    return out.view(x.shape), total.view(x.shape)
+
+
+def rope_neox(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``radix_ext.cpu.decode._rotate`` in one call, bit for bit: x [n, heads * 2h] (rows may be
+    strided), cos / sin contiguous [n, 1, h] -> a new contiguous [n, heads * 2h]."""
+    return _ops().rope_neox(x, heads, cos, sin)
+
+
+def use_fused_norms(model: torch.nn.Module) -> int:
+    """Point every plain float32 ``RMSNorm`` of the model at ``add_rms_norm`` (a norm's
+    ``_forward_method``, which SGLang's forward and the lean decode both call); returns how many.
+    A call it does not cover (another dtype, a post-residual addition) goes to SGLang's
+    ``forward_native``."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    count = 0
+    for norm in model.modules():
+        weight = getattr(norm, "weight", None)
+        if (type(norm) is not RMSNorm or not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32
+                or weight.dim() != 1 or weight.shape[0] % 16 or norm.variance_size_override is not None
+                or norm.override_orig_dtype is not None or norm.cast_x_before_out_mul):
+            continue
+        norm._forward_method = _fused_forward(norm)
+        count += 1
+    model.__dict__[ACTIVE_ATTR] = True  # the lean decode rotates with rope_neox
+    return count
+
+
+def _fused_forward(norm):
+    native = norm.forward_native
+
+    def forward(x, residual=None, post_residual_addition=None, quant_linear=None):
+        if (x.dtype != torch.float32 or post_residual_addition is not None
+                or (residual is not None and residual.dtype != torch.float32)):
+            return native(x, residual, post_residual_addition)
+        out, total = add_rms_norm(x, residual, norm.weight.data, norm.variance_epsilon)
+        return out if residual is None else (out, total)
+
+    return forward
 
 
 def main() -> int:

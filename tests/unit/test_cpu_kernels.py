@@ -1,0 +1,140 @@
+"""The int8 kernel of ``--cpu-linear-dtype int8`` (radix_ext/cpu/kernels.py, kernels.cpp) on tensors: it
+computes the formula its source states, a row's output does not depend on its batch, and what it
+cannot take is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radix_ext.cpu import kernels
+
+pytestmark = pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """kernels.cpp's formula in float64: int8 weights at a scale per row and 32 inputs, each input row
+    at int16 with its own scale."""
+    q, scale = kernels.quantize_weight(weight)
+    n, k = weight.shape
+    w = (q.double().view(n, k // 32, 32) * scale.double()[..., None]).view(n, k)
+    xs = x.double().abs().amax(dim=1, keepdim=True) / 32767
+    qx = torch.round(x.double() / xs).clamp(-32767, 32767)
+    out = (qx @ w.T) * xs
+    return (out if bias is None else out + bias.double()).float()
+
+
+@pytest.mark.parametrize("rows, n, k", [(1, 960, 576), (3, 576, 1536), (7, 100, 64), (5, 16, 32)])
+def test_it_computes_the_stated_formula(rows, n, k):
+    torch.manual_seed(rows * n + k)
+    weight, x, bias = torch.randn(n, k), torch.randn(rows, k), torch.randn(n)
+    out = kernels.linear(x, kernels.pack(weight), bias)
+    torch.testing.assert_close(out, reference(x, weight, bias), rtol=1e-5, atol=1e-4)
+    # and it is a linear: within int8 rounding of float32's
+    exact = F.linear(x, weight, bias)
+    assert (out - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def test_a_row_gives_the_same_bits_alone_and_in_any_batch():
+    torch.manual_seed(1)
+    weight, x = torch.randn(200, 576), torch.randn(11, 576)  # 11 rows: tiles of 3, then 2
+    packed = kernels.pack(weight)
+    together = kernels.linear(x, packed)
+    for i in range(x.shape[0]):
+        assert torch.equal(kernels.linear(x[i:i + 1], packed)[0], together[i]), i
+    assert torch.equal(kernels.linear(x[3:5], packed), together[3:5])
+
+
+def test_leading_shapes_padding_columns_and_zero_rows():
+    torch.manual_seed(2)
+    weight = torch.randn(40, 64)  # 40 columns: the last block is half padding
+    packed = kernels.pack(weight)
+    x = torch.randn(2, 3, 64)
+    out = kernels.linear(x, packed)
+    assert out.shape == (2, 3, 40)
+    torch.testing.assert_close(out, reference(x.view(6, 64), weight, None).view(2, 3, 40), rtol=1e-5, atol=1e-4)
+    assert kernels.linear(torch.zeros(0, 64), packed).shape == (0, 40)
+    assert torch.equal(kernels.linear(torch.zeros(1, 64), packed), torch.zeros(1, 40))  # a zero row: no 0 / 0
+
+
+def test_weights_round_to_half_a_step_of_their_group():
+    torch.manual_seed(3)
+    weight = torch.randn(8, 96)
+    weight[0, :32] *= 100  # one loud group does not coarsen the others
+    q, scale = kernels.quantize_weight(weight)
+    assert q.dtype == torch.int8 and scale.shape == (8, 3)
+    back = q.float().view(8, 3, 32) * scale[..., None]
+    assert ((back - weight.view(8, 3, 32)).abs() <= scale[..., None] / 2 + 1e-6).all()
+    assert scale[0, 1] < scale[0, 0] / 20
+
+
+def test_an_input_width_off_the_group_is_refused_by_name():
+    with pytest.raises(ValueError, match="divisible by 32, got 48"):
+        kernels.pack(torch.randn(16, 48))
+    packed = kernels.pack(torch.randn(16, 64))
+    with pytest.raises(RuntimeError, match="packed int8"):
+        kernels.linear(torch.randn(1, 96), packed)
+
+
+def test_a_cpu_without_vnni_is_named(monkeypatch):
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    assert kernels.unsupported() == "the CPU lacks avx512_vnni"
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: set(kernels.CPU_FLAGS))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert "no-such-compiler" in kernels.unsupported()
+
+
+def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("RKSC_SGL_CACHE", str(tmp_path))
+    first = kernels.library_path()
+    source = tmp_path / "kernels.cpp"
+    source.write_text(kernels.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(kernels, "SOURCE", source)
+    assert kernels.library_path() != first and kernels.library_path().parent == tmp_path / "kernels"
+
+
+def test_add_rms_norm_is_sglangs_rmsnorm_up_to_the_order_of_its_sum():
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    torch.manual_seed(4)
+    norm = RMSNorm(576, eps=1e-5)
+    norm.weight.data = torch.randn(576)
+    x, residual = torch.randn(5, 576), torch.randn(5, 576)
+    with torch.no_grad():
+        want, want_sum = norm.forward_native(x.clone(), residual.clone())
+        got, got_sum = kernels.add_rms_norm(x, residual, norm.weight.data, norm.variance_epsilon)
+        assert torch.equal(got_sum, want_sum)  # one rounded addition, as torch's
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kernels.add_rms_norm(x, None, norm.weight.data, 1e-5)[0], norm.forward_native(x),
+                                   rtol=1e-5, atol=1e-5)
+        assert not torch.equal(got, kernels.add_rms_norm(x, None, norm.weight.data, 1e-5)[0])  # the residual counted
+
+
+def test_fused_norms_take_sglangs_forward_and_leave_other_norms_alone():
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    plain, other = RMSNorm(64), RMSNorm(64, cast_x_before_out_mul=True)
+    model = torch.nn.ModuleList([plain, other])
+    assert kernels.use_fused_norms(model) == 1 and model.__dict__[kernels.ACTIVE_ATTR]
+    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        out, total = plain(x, residual)  # SGLang's dispatch calls the norm's _forward_method
+        assert torch.equal(out, kernels.add_rms_norm(x, residual, plain.weight.data, plain.variance_epsilon)[0])
+        assert torch.equal(total, x + residual)
+        extra = torch.randn(3, 64)  # a call it does not cover goes to SGLang's own forward
+        torch.testing.assert_close(plain(x, residual, extra)[0], plain.forward_native(x, residual, extra)[0])
+    assert other._forward_method is None or "fused" not in getattr(other._forward_method, "__qualname__", "")
+
+
+def test_rope_neox_gives_the_lean_decodes_bits_on_strided_rows():
+    from radix_ext.cpu.decode import _rotate
+
+    torch.manual_seed(5)
+    qkv = torch.randn(4, 960)  # q, k, v side by side: q and k are strided views
+    cos, sin = (t.unsqueeze(-2).contiguous() for t in torch.randn(4, 64).chunk(2, dim=-1))
+    for view, heads in ((qkv[:, :576], 9), (qkv[:, 576:768], 3)):
+        out = kernels.rope_neox(view, heads, cos, sin)
+        assert out.is_contiguous() and torch.equal(out, _rotate(view, heads, cos, sin))
+    with pytest.raises(RuntimeError, match="cos, sin"):
+        kernels.rope_neox(qkv[:, :576], 9, cos[:2], sin[:2])

@@ -1,14 +1,16 @@
-"""``python -m benchmarks.gemv_bandwidth``: how fast torch's decode-shaped linears read their
-weights, against how fast this machine streams memory.
+"""``python -m benchmarks.gemv_bandwidth``: how fast decode-shaped linears read their weights,
+against how fast this machine streams memory.
 
-    python -m benchmarks.gemv_bandwidth --threads 1,2 --dtypes float32,bfloat16
+    python -m benchmarks.gemv_bandwidth --threads 1,2
 
 A decode step multiplies one row per stream by every weight matrix, so its linears are bound by
 how fast the weights come from memory. This prints, per thread count, the read bandwidth of a sum
-over ``--stream-mb`` of memory, and per dtype the bandwidth a 1 x 576 by 576 x 1,536 linear
-(SmolLM2-135M's MLP shape) reaches with its weights out of cache (``--matrices`` different
-matrices, cycled). Medians of ``--repeats``; one JSON line per measurement. A probe for issue 38's
-decode work, not a product path.
+over ``--stream-mb`` of memory, and per path (``--paths``) the bandwidth a 1 x 576 by 576 x 1,536
+linear (SmolLM2-135M's MLP shape) reaches with its weights out of cache (``--matrices`` different
+matrices, cycled): ``torch-*`` is ``F.linear``; ``onednn-*`` is oneDNN with the weight packed once,
+what ``--cpu-linear-dtype float32`` / ``bfloat16`` decode runs (``radix_ext.cpu.speed``); ``int8``
+is ``--cpu-linear-dtype int8``'s kernel (``radix_ext.cpu.kernels``; its bytes count the scales).
+Medians of ``--repeats``; one JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PATHS = ("torch-float32", "torch-bfloat16", "onednn-float32", "onednn-bfloat16", "int8")
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -40,18 +42,43 @@ def stream_gbps(megabytes: int, repeats: int) -> float:
     return x.numel() * 4 / _median_seconds(x.sum, repeats) / 1e9
 
 
-def gemv_gbps(dtype: torch.dtype, matrices: int, repeats: int, rows: int = 1536, cols: int = 576) -> tuple[float, float]:
+def _packed(path: str, weight: torch.Tensor) -> tuple[object, int]:
+    """(what ``path`` multiplies by, the bytes it reads per pass)."""
+    kind, _, dtype_name = path.partition("-")
+    if kind == "int8":
+        from radix_ext.cpu import kernels
+
+        packed = kernels.pack(weight)
+        return packed, packed[0].numel()
+    w = weight.to(getattr(torch, dtype_name))
+    nbytes = w.numel() * w.element_size()
+    return (torch.ops.mkldnn._reorder_linear_weight(w, None) if kind == "onednn" else w), nbytes
+
+
+def _call(path: str):
+    kind, _, dtype_name = path.partition("-")
+    if kind == "int8":
+        from radix_ext.cpu import kernels
+
+        return torch.float32, kernels.linear
+    if kind == "onednn":
+        return getattr(torch, dtype_name), lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return getattr(torch, dtype_name), F.linear
+
+
+def gemv_gbps(path: str, matrices: int, repeats: int, rows: int = 1536, cols: int = 576) -> tuple[float, float]:
     """(microseconds per linear, weight bytes read per second in GB/s) for a 1 x cols input against
-    ``matrices`` different rows x cols weights, each read once per pass."""
-    weights = [torch.randn(rows, cols).to(dtype) for _ in range(matrices)]
+    ``matrices`` different rows x cols weights, each read once per pass, on ``path`` (``PATHS``)."""
+    packed = [_packed(path, torch.randn(rows, cols)) for _ in range(matrices)]
+    dtype, call = _call(path)
     x = torch.randn(1, cols).to(dtype)
 
     def one_pass() -> None:
-        for w in weights:
-            F.linear(x, w)
+        for w, _ in packed:
+            call(x, w)
 
     per_linear = _median_seconds(one_pass, repeats) / matrices
-    return per_linear * 1e6, rows * cols * weights[0].element_size() / per_linear / 1e9
+    return per_linear * 1e6, packed[0][1] / per_linear / 1e9
 
 
 def _csv(kind, choices=None):
@@ -68,7 +95,8 @@ def _csv(kind, choices=None):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gemv_bandwidth", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=_csv(int), default=[1, 2], help="torch thread counts, comma-separated")
-    p.add_argument("--dtypes", type=_csv(str, DTYPES), default=list(DTYPES), help="weight dtypes, comma-separated")
+    p.add_argument("--paths", type=_csv(str, PATHS), default=list(PATHS),
+                   help=f"linears to time, comma-separated, of {', '.join(PATHS)} (default: all)")
     p.add_argument("--matrices", type=int, default=200, help="different weight matrices cycled (more than the caches hold)")
     p.add_argument("--stream-mb", type=int, default=512, help="memory summed for the stream bandwidth")
     p.add_argument("--repeats", type=int, default=5)
@@ -81,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         print(json.dumps({"threads": threads, "what": "stream sum", "GB/s": round(stream_gbps(args.stream_mb, args.repeats), 1)}))
-        for dtype in args.dtypes:
-            micros, gbps = gemv_gbps(DTYPES[dtype], args.matrices, args.repeats)
-            print(json.dumps({"threads": threads, "what": f"linear 1x576 @ 576x1536, {dtype}",
+        for path in args.paths:
+            micros, gbps = gemv_gbps(path, args.matrices, args.repeats)
+            print(json.dumps({"threads": threads, "what": f"linear 1x576 @ 576x1536, {path}",
                               "us": round(micros), "GB/s": round(gbps, 1)}))
 
 

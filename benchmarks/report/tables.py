@@ -205,8 +205,27 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         *([_speed_row("decode, 1 stream", f"CPU path, {_default_linears()} linears", "llama.cpp, Q4_1, same machine",
                       _speed(speed, "decode", 1, "llama.cpp"))]
           if any(r["baseline"] == "llama.cpp" for r in speed) else []),
+        *_opt_in_linears_rows(speed),
         _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32, "unseeded")),
     ]
+
+
+def _opt_in_linears_rows(speed: list[dict]) -> list[list[str]]:
+    """1-stream decode against llama.cpp of each linear dtype other than the default in the run,
+    with its greedy agreement with float32 linears."""
+    rows = []
+    for r in speed:
+        dtype = r.get("linear_dtype", "float32")
+        if (r["kind"], r["streams"], r["baseline"]) != ("decode", 1, "llama.cpp") or dtype == _default_linears():
+            continue
+        row = _speed_row("decode, 1 stream", f"CPU path, {dtype} linears (opt-in)", "llama.cpp, Q4_1, same machine", r)
+        agree = next((a for a in speed if a["kind"] == "agreement" and a["linear_dtype"] == dtype
+                      and a["baseline"].startswith("float32")), None)
+        if agree:
+            row[4] = (f"greedy text equal to float32's for {agree['identical']} of {agree['prompts']} prompts "
+                      f"({agree['new_tokens']} tokens)")
+        rows.append(row)
+    return rows
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:

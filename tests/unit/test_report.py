@@ -328,3 +328,18 @@ def test_the_decode_profile_keeps_every_earlier_run_as_its_before(tmp_path):
     text = decode_profile_section(path)
     assert text.startswith("Commit new")
     assert "| old (2026-12-05) | 72.5 / 29.0 / 17.0 |" in text and "| new (2026-12-05) | 43.8 / 11.0 / 24.4 |" in text
+
+
+def test_an_opt_in_linear_dtype_gets_its_llama_cpp_row_with_its_agreement_and_the_default_none():
+    from benchmarks.report.tables import _opt_in_linears_rows
+
+    def decode(dtype, tok_s):
+        return {"kind": "decode", "streams": 1, "baseline": "llama.cpp", "linear_dtype": dtype, "tok_s": tok_s,
+                "baseline_tok_s": 100.0, "commit": "abc", "machine": "m"}
+
+    agreement = {"kind": "agreement", "streams": 50, "linear_dtype": "int8", "baseline": "float32 linears",
+                 "prompts": 50, "identical": 16, "new_tokens": 128}
+    rows = _opt_in_linears_rows([decode("float32", 20.0), decode("int8", 62.0), agreement])
+    assert len(rows) == 1
+    assert rows[0][1] == "CPU path, int8 linears (opt-in)" and rows[0][3] == "0.62x"
+    assert rows[0][4] == "greedy text equal to float32's for 16 of 50 prompts (128 tokens)"

@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-total-tokens", type=int, default=8192,
                    help="KV pool of both engines, in tokens (default: %(default)s; 1100 puts tree of thoughts under "
                         "pressure)")
+    from rksc_sgl.config import CPU_LINEAR_DTYPES, RkscConfig
+
+    p.add_argument("--cpu-linear-dtype", default=RkscConfig().cpu_linear_dtype, choices=CPU_LINEAR_DTYPES,
+                   help="both engines' linears on the CPU (default: %(default)s; int8 needs AVX-512 VNNI)")
     p.add_argument("--seed", type=int, default=0, help="run seed of every branch's sampling seed")
     p.add_argument("--model-path", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--verbose", action="store_true", help="keep SGLang's and third-party warnings")
@@ -179,12 +183,14 @@ def main(argv: list[str] | None = None) -> None:
             f"all at once; rksc's carry the group policy {args.stop_rule}\n"
           + f"  best-of-4 with the verifier: {len(bon_problems)} MMLU-STEM problems\n",
           flush=True)
-    exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(), {**workloads, **vote(None)}, args)
+    linears = args.cpu_linear_dtype
+    exact = run_engine("exact (stock radix cache, LRU)", RkscConfig(cpu_linear_dtype=linears),
+                       {**workloads, **vote(None)}, args)
     # Every candidate verified at full depth and with CGEE, twice, in both orders (under the small pool
     # the phases may not find the same candidates cached): the median of two counts.
     bon = {"best-of-4 with the verifier": lambda b: timed(b, lambda: bon_batch(
         bon_problems, bon_config, b, modes={"full": None, "cgee": CgeeThresholds.from_config()}, repeats=2))}
-    ours = run_engine("rksc (ASKS, RSBCM, CGEE, early stop)", RkscConfig(asks=True, rsbcm=True),
+    ours = run_engine("rksc (ASKS, RSBCM, CGEE, early stop)", RkscConfig(asks=True, rsbcm=True, cpu_linear_dtype=linears),
                       {**workloads, **vote(args.rule), **bon}, args)
     print()
     bon_results, verify_s, verify_tokens = ours["best-of-4 with the verifier"].results

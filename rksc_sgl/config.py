@@ -11,6 +11,9 @@ import dataclasses
 import json
 import math
 import os
+import platform
+import shutil
+from pathlib import Path
 from typing import Any
 
 ENV_VAR = "RKSC_SGL_CONFIG"
@@ -19,6 +22,42 @@ ASKS_MODES = ("blend", "adopt")  # --asks-mode
 ASKS_SELECTORS = ("deviation", "leading")  # --asks-select
 CPU_LINEAR_DTYPES = ("float32", "bfloat16", "int8")  # --cpu-linear-dtype (radix_ext.cpu.speed.LINEAR_DTYPES)
 BACKEND_NAME = "rksc"
+INT8_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")  # radix_ext/cpu/kernels.cpp
+
+
+def cache_dir() -> Path:
+    """The user cache folder of rksc-sgl (not created here): ``$RKSC_SGL_CACHE``, else
+    ``$XDG_CACHE_HOME/rksc-sgl``, else ``~/.cache/rksc-sgl``. The model and the CPU kernels live there."""
+    if os.environ.get("RKSC_SGL_CACHE"):
+        return Path(os.environ["RKSC_SGL_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "rksc-sgl"
+
+
+def cxx_compiler() -> str:
+    return os.environ.get("CXX", "").strip() or "g++"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def int8_linears_unsupported() -> str | None:
+    """Why ``--cpu-linear-dtype int8`` cannot run on this machine (None: it can): its kernels
+    need x86-64 with AVX-512 VNNI and a C++ compiler to build them once."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs an x86-64 CPU (this is {platform.machine()})"
+    missing = [flag for flag in INT8_CPU_FLAGS if flag not in _cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if shutil.which(cxx_compiler()) is None:
+        return f"no C++ compiler {cxx_compiler()!r} on PATH (set CXX)"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +147,8 @@ class RkscConfig:
         if self.cpu_linear_dtype not in CPU_LINEAR_DTYPES:
             raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(CPU_LINEAR_DTYPES)}, "
                              f"got {self.cpu_linear_dtype!r}")
+        if self.cpu_linear_dtype == "int8" and int8_linears_unsupported():
+            raise ValueError(f"--cpu-linear-dtype int8: {int8_linears_unsupported()}; use bfloat16 or float32")
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"--max-n must be an int >= 1, got {self.max_n!r}")
         if isinstance(self.max_fanout, bool) or not isinstance(self.max_fanout, int) or self.max_fanout < 1:

@@ -51,12 +51,6 @@ def prepare_environment(server_kwargs: dict[str, Any], rksc: RkscConfig) -> None
         from rksc_sgl import cpu_shims
 
         cpu_shims.install()
-        if rksc.cpu_linear_dtype == "int8":
-            from radix_ext.cpu import kernels
-
-            if kernels.unsupported():
-                raise ValueError(f"--cpu-linear-dtype int8: {kernels.unsupported()}; use bfloat16 or float32")
-            kernels.build()  # once per source and torch (~10 s): here, not in every spawned scheduler
     rksc.export_to_env()
 
 

@@ -119,11 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     config, rest = split_args(argv)
     final_argv = sglang_argv(rest, config)
-    try:
-        prepare_environment({"device": flag_value(final_argv, "device") or "cpu"}, config)
-    except ValueError as e:  # a flag this machine cannot run (--cpu-linear-dtype int8 without VNNI)
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    prepare_environment({"device": flag_value(final_argv, "device") or "cpu"}, config)
 
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from rksc_sgl.config import cache_dir  # noqa: F401 (also this module's: rksc_sgl.model_cache.cache_dir)
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -32,14 +34,6 @@ SOURCE_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = ".complete"  # written last, inside the temporary folder, before the rename
 
 Converter = Callable[[Path, Path], None]  # (source gguf, empty output folder) -> None
-
-
-def cache_dir() -> Path:
-    """The user cache folder of rksc-sgl (not created here)."""
-    if os.environ.get("RKSC_SGL_CACHE"):
-        return Path(os.environ["RKSC_SGL_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "rksc-sgl"
 
 
 def source_gguf() -> Path:

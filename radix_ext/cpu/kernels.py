@@ -22,7 +22,7 @@ SGLang's products; only its sum of squares is added in another order.
 
 **Build.** ``python -m radix_ext.cpu.kernels`` (``make model`` runs it) compiles the source with
 the C++ compiler ``$CXX`` (default ``g++``) against the installed torch's headers, about 10 s,
-into ``<cache>/kernels/`` (``rksc_sgl.model_cache.cache_dir``); the first engine that needs it
+into ``<cache>/kernels/`` (``rksc_sgl.config.cache_dir``); the first engine that needs it
 builds it otherwise. ``unsupported()`` names what is missing on a machine where it cannot run.
 """
 
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,45 +37,25 @@ from pathlib import Path
 
 import torch
 
+from rksc_sgl.config import cache_dir, cxx_compiler, int8_linears_unsupported
+
 SOURCE = Path(__file__).with_name("kernels.cpp")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw",
                  "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-w")
 BLOCK = 16  # output columns per packed block (one zmm of int32 sums)
 GROUP = 32  # inputs per weight scale
 
 
-def _compiler() -> str:
-    return os.environ.get("CXX", "").strip() or "g++"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def unsupported() -> str | None:
-    """Why the kernel cannot run here (None: it can)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"needs an x86-64 CPU (this is {platform.machine()})"
-    missing = [flag for flag in CPU_FLAGS if flag not in _cpu_flags()]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
-    if shutil.which(_compiler()) is None:
-        return f"no C++ compiler {_compiler()!r} on PATH (set CXX)"
-    return None
+    """Why the kernels cannot run here (None: they can): ``rksc_sgl.config.int8_linears_unsupported``,
+    which also refuses ``--cpu-linear-dtype int8`` at start-up."""
+    return int8_linears_unsupported()
 
 
 def library_path() -> Path:
     """Where the build of this source, for this torch and these flags, lives."""
-    from rksc_sgl.model_cache import cache_dir
-
     key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(f"{torch.__version__}|{sys.version_info[:2]}|{_compiler()}|{' '.join(COMPILE_FLAGS)}".encode())
+    key.update(f"{torch.__version__}|{sys.version_info[:2]}|{cxx_compiler()}|{' '.join(COMPILE_FLAGS)}".encode())
     return cache_dir() / "kernels" / f"rksc_cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
@@ -97,7 +75,7 @@ def build() -> Path:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [_compiler(), *COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        cmd = [cxx_compiler(), *COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(out),
                f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
         done = subprocess.run(cmd, capture_output=True, text=True)

@@ -359,7 +359,9 @@ class TestOneDnnLinears:
         assert (out - exact).abs().max() <= 0.02 * exact.abs().max()
 
     def test_int8_on_a_cpu_without_vnni_is_refused_by_name(self, monkeypatch):
-        monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx512f"})
+        from rksc_sgl import config
+
+        monkeypatch.setattr(config, "_cpu_flags", lambda: {"avx512f"})
         with pytest.raises(ValueError, match="--cpu-linear-dtype int8: the CPU lacks"):
             use_onednn_linears(TinyModel(width=64), "int8")
 

@@ -77,10 +77,15 @@ def test_an_input_width_off_the_group_is_refused_by_name():
         kernels.linear(torch.randn(1, 96), packed)
 
 
-def test_a_cpu_without_vnni_is_named(monkeypatch):
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+def test_a_cpu_without_vnni_is_named_and_refused_at_start_up(monkeypatch):
+    from rksc_sgl import config
+
+    monkeypatch.setattr(config, "_cpu_flags", lambda: {"avx512f", "avx512bw", "avx512vl", "avx512dq"})
     assert kernels.unsupported() == "the CPU lacks avx512_vnni"
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: set(kernels.CPU_FLAGS))
+    with pytest.raises(ValueError, match="--cpu-linear-dtype int8: the CPU lacks avx512_vnni"):
+        config.RkscConfig(cpu_linear_dtype="int8")
+    config.RkscConfig(cpu_linear_dtype="bfloat16")  # the others do not need it
+    monkeypatch.setattr(config, "_cpu_flags", lambda: set(config.INT8_CPU_FLAGS))
     monkeypatch.setenv("CXX", "no-such-compiler")
     assert "no-such-compiler" in kernels.unsupported()
 

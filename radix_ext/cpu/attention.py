@@ -262,7 +262,7 @@ def create_backend(model_runner) -> RkscCpuAttnBackend:
     model = getattr(model_runner, "model", None)
     if model is not None:
         dtype = RkscConfig.from_env().cpu_linear_dtype
-        logger.info("rksc_cpu: %d linears run through oneDNN in %s", use_onednn_linears(model, dtype), dtype)
+        logger.info("rksc_cpu: %d linears packed in %s", use_onednn_linears(model, dtype), dtype)
     return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env())
 
 

@@ -32,6 +32,11 @@ sampling stay float32. Every row count (prefill chunks too) takes this path, so 
 depend on its batch no more than float32's do (the down projection's split sum, K = 1,536, is
 the one shape where they differ). The float32 weights stay in the model (CGEE's logit lens reads
 the LM head's).
+
+**int8 linears** (``--cpu-linear-dtype int8``, x86 with AVX-512 VNNI). The same swap, with the
+weights packed for our own kernel (``radix_ext.cpu.kernels``: int8 with a scale per 32 inputs,
+int16 inputs, exact int32 sums), at every row count; and the model's RMSNorms point at its fused
+residual add + norm. A row's output does not depend on its batch at all.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machi
 from benchmarks.bench.rows import build_rows, print_adaptive, print_blend, print_table, write_curve
 from benchmarks.bench.workloads import WORKLOADS, BenchSettings, resolve_workload
 from programs.datasets import load
+from rksc_sgl.config import CPU_LINEAR_DTYPES, RkscConfig
 
 RESULTS_DIR = Path("benchmarks/results")
 ADAPTIVE_WORKLOADS = ("sc", "diverse-sc", "bon-verify")  # the workloads whose branches vote
@@ -91,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "exact in --working-set-from); one engine per (mode, dataset)")
     p.add_argument("--working-set-from", type=Path, default=None,
                    help="results file of an uncapped run of the same workload, datasets and --limit")
+    p.add_argument("--cpu-linear-dtype", default=RkscConfig().cpu_linear_dtype, choices=CPU_LINEAR_DTYPES,
+                   help="the CPU path's linears in every mode of the run, so modes compare on the same numerics "
+                        "(default: the engine's, %(default)s)")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     try:
@@ -194,8 +198,8 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
     overrides = mode.engine_overrides()
     if max_total_tokens:
         overrides["max_total_tokens"] = max_total_tokens
-    backend = RkscEngineEndpoint(launch_engine(args.model_path, rksc=mode.rksc_config(), log_level="error",
-                                               **overrides))
+    rksc = dataclasses.replace(mode.rksc_config(), cpu_linear_dtype=args.cpu_linear_dtype)
+    backend = RkscEngineEndpoint(launch_engine(args.model_path, rksc=rksc, log_level="error", **overrides))
     raw = {}
     try:
         exemplars, problems = next(iter(data.values()))
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     data = {name: split_problems(name, args.shots, args.limit, args.calibration_offset) for name in args.dataset_names}
     meta = {"run_id": time.strftime("%Y%m%dT%H%M%S"), "model": args.model_path or MODEL_NAME, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
             "machine": machine(),
-            "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
+            "linear_dtype": args.cpu_linear_dtype, "repeats": args.repeats, "seed": args.seed, "settings": dataclasses.asdict(args.settings),
             "pool_fraction": args.pool_fraction,  # each row records its own max_total_tokens
             "calibration_offset": args.calibration_offset,
             "command": "python -m benchmarks.bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}

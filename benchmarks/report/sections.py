@@ -143,9 +143,11 @@ def run_headers(rows: list[dict]) -> list[str]:
         first = run[0]
         total = f", whole run {first['run_total_s'] / 60:.0f} min" if first.get("run_total_s") else ""
         repeats = f", median of {first['repeats']} repeats" if (first.get("repeats") or 1) > 1 else ", one repeat"
+        # Rows written before bench recorded the linears ran float32, the only dtype it had then.
+        linears = f", {first.get('linear_dtype', 'float32')} linears"
         which = "" if len(runs) == 1 else ", ".join(dict.fromkeys(r["dataset"] for r in run)) + ": "
         out += [f"{which}Workload `{first['workload']}`, {first['n_problems']} problems per dataset, model "
-                f"{first['model']}, commit {first['commit']}, {first['date']}, {first['machine']}{total}{repeats}. "
+                f"{first['model']}, commit {first['commit']}, {first['date']}, {first['machine']}{linears}{total}{repeats}. "
                 "Produced by:", "", "```bash", command_of(run), "```", ""]
     return out
 

@@ -8,6 +8,7 @@ variable (set by ``launch_engine`` / ``rksc_sgl.launch_server``, or by hand befo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -38,13 +39,14 @@ def cxx_compiler() -> str:
     return os.environ.get("CXX", "").strip() or "g++"
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    return frozenset(line.partition(":")[2].split())
 
 
 def int8_linears_unsupported() -> str | None:
@@ -58,6 +60,11 @@ def int8_linears_unsupported() -> str | None:
     if shutil.which(cxx_compiler()) is None:
         return f"no C++ compiler {cxx_compiler()!r} on PATH (set CXX)"
     return None
+
+
+def default_cpu_linear_dtype() -> str:
+    """``--cpu-linear-dtype``'s default: int8 where this machine runs its kernels, else float32."""
+    return "float32" if int8_linears_unsupported() else "int8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +141,9 @@ class RkscConfig:
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size; "int8" (x86 with AVX-512 VNNI, radix_ext.cpu.kernels) keeps int8
     # weights with a scale per 32 inputs and fuses the RMSNorms. Attention, the KV cache and
-    # sampling stay float32.
-    cpu_linear_dtype: str = "float32"
+    # sampling stay float32. Default: int8 where the machine runs it (default_cpu_linear_dtype), else
+    # float32; --cpu-linear-dtype float32 is the way back to the model's own numbers.
+    cpu_linear_dtype: str = dataclasses.field(default_factory=default_cpu_linear_dtype)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -29,11 +29,12 @@ def add_rksc_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rksc-sgl options")
     for field in dataclasses.fields(RkscConfig):
         flag = f"--{flag_name(field.name)}"
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
         kind = {"bool": bool, "int": int, "float": float}.get(str(field.type), str)
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            group.add_argument(flag, type=kind, default=field.default, metavar=kind.__name__.upper())
+            group.add_argument(flag, type=kind, default=default, metavar=kind.__name__.upper())
 
 
 def split_args(argv: list[str]) -> tuple[RkscConfig, list[str]]:

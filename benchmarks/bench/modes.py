@@ -9,6 +9,9 @@ mechanism that has landed; the ``*-only`` modes are the ablations (``asks-only``
 server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-adoption mode;
 ``exact-reseed`` is ``exact`` sampling with another seed base (``RESEED_OFFSET``): its agreement
 with ``exact`` is the two-seed noise floor that quality against exact is read against;
+``exact-float32`` is ``exact`` with float32 linears whatever the run's ``--cpu-linear-dtype``: in a
+run on int8 (the default where the CPU has VNNI) it is what the linears buy, in time and in
+agreement, on the same problems;
 ``asks-blend@R`` (``--asks-recompute-sweep``, ``sweep_modes``) is blend with every request asking
 for recompute share R (``AsksOptions.recompute``) and the gate off (``--asks-max-deviation inf``:
 the share alone, so that the curve shows what the share buys); ``asks-check@L:G``
@@ -56,6 +59,7 @@ class Mode:
     # Blend: the server's --asks-check-layers; None: RkscConfig's default.
     check_layers: int | None = None
     seed_offset: int = 0  # added to the run's --seed (exact-reseed: the two-seed noise floor)
+    linear_dtype: str | None = None  # the CPU path's linears; None: the run's --cpu-linear-dtype
 
     def rksc_config(self) -> RkscConfig:
         asks = {"asks_mode": self.asks_mode} if self.asks_mode else {}
@@ -64,6 +68,10 @@ class Mode:
         if self.check_layers is not None:
             asks["asks_check_layers"] = self.check_layers
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms, **asks)
+
+    def engine_config(self, linear_dtype: str) -> RkscConfig:
+        """The engine's options in a run whose ``--cpu-linear-dtype`` is ``linear_dtype``."""
+        return dataclasses.replace(self.rksc_config(), cpu_linear_dtype=self.linear_dtype or linear_dtype)
 
     @property
     def effective_asks_mode(self) -> str | None:
@@ -101,6 +109,7 @@ MODES: dict[str, Mode] = {
     "asks-only": Mode("asks-only", frozenset({"asks"})),
     "asks-adopt": Mode("asks-adopt", frozenset({"asks"}), asks_mode="adopt"),
     "exact-reseed": Mode("exact-reseed", seed_offset=RESEED_OFFSET),
+    "exact-float32": Mode("exact-float32", linear_dtype="float32"),
     "cgee-only": Mode("cgee-only", frozenset({"cgee"})),
     "rsbcm-only": Mode("rsbcm-only", frozenset({"rsbcm"})),
 }

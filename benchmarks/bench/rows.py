@@ -36,6 +36,7 @@ def build_rows(args, results, meta) -> list[dict]:
             rows.append({
                 "workload": args.workload, "dataset": name, "mode": mode.name,
                 "mechanisms": sorted(mode.mechanisms), "n_problems": n, **meta,
+                **({"linear_dtype": mode.linear_dtype} if mode.linear_dtype else {}),  # else the run's (meta)
                 "wall_s": round(wall[mode.name], 3), "wall_s_samples": [round(w, 3) for w in r["walls"]],
                 "speedup_vs_no_cache": st.ratio(wall.get("no-cache"), wall[mode.name]),
                 "speedup_vs_exact": st.ratio(wall.get("exact"), wall[mode.name]),

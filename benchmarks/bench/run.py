@@ -198,8 +198,8 @@ def run_engine(mode, args, data, max_total_tokens: int | None) -> dict[str, dict
     overrides = mode.engine_overrides()
     if max_total_tokens:
         overrides["max_total_tokens"] = max_total_tokens
-    rksc = dataclasses.replace(mode.rksc_config(), cpu_linear_dtype=args.cpu_linear_dtype)
-    backend = RkscEngineEndpoint(launch_engine(args.model_path, rksc=rksc, log_level="error", **overrides))
+    backend = RkscEngineEndpoint(launch_engine(args.model_path, rksc=mode.engine_config(args.cpu_linear_dtype),
+                                               log_level="error", **overrides))
     raw = {}
     try:
         exemplars, problems = next(iter(data.values()))

@@ -2,8 +2,8 @@
 
     python -m benchmarks.prefill_compare --variants ours,mkl,stock --tokens 2000 --repeats 4
 
-``ours`` is the CPU default engine, ``mkl`` the same with ``RKSC_CPU_ONEDNN_LINEARS=0`` (every
-linear through MKL's ``F.linear``), ``stock`` SGLang's ``torch_native`` backend with its own sampler.
+``ours`` is the CPU default engine (its default linears), ``mkl`` the same with float32 linears and
+``RKSC_CPU_ONEDNN_LINEARS=0`` (every linear through MKL's ``F.linear``), ``stock`` SGLang's ``torch_native`` backend with its own sampler.
 All engines stay up; each repeat prefills one new prompt per variant in turn (the same measure
 as ``benchmarks.speed``'s prefill); medians and samples are printed. A narrower tool than
 ``benchmarks.speed``, for finding where a prefill gap comes from.
@@ -29,7 +29,7 @@ def launch(variant: str):
     if variant == "mkl":  # the spawned scheduler reads it at start-up
         os.environ["RKSC_CPU_ONEDNN_LINEARS"] = "0"
         try:
-            return launch_engine(log_level="error")
+            return launch_engine(rksc=RkscConfig(cpu_linear_dtype="float32"), log_level="error")
         finally:
             os.environ.pop("RKSC_CPU_ONEDNN_LINEARS")
     return launch_engine(log_level="error")

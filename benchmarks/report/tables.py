@@ -54,8 +54,11 @@ def _delta_points(rows: list[dict], mine: list[dict], against: str) -> str:
 
 
 def _run(*rows: dict) -> tuple[str, str]:
-    """The commits (one per run the figure draws on) and the machine of the rows."""
-    return ", ".join(dict.fromkeys(r["commit"] for r in rows)), ", ".join(dict.fromkeys(r["machine"] for r in rows))
+    """The commits (one per run the figure draws on) and the machine of the rows, with the CPU
+    path's linears they ran (float32 for rows written before the runs recorded them)."""
+    linears = "/".join(dict.fromkeys(r.get("linear_dtype", "float32") for r in rows))
+    return (", ".join(dict.fromkeys(r["commit"] for r in rows)),
+            ", ".join(dict.fromkeys(r["machine"] for r in rows)) + f", {linears} linears")
 
 
 def _bench_row(label: str, mechanism: str, path: Path, mode: str, against: str = "exact") -> list[str]:
@@ -145,19 +148,21 @@ def _scope(path: Path) -> str:
             + ("one repeat" if repeats == 1 else f"median of {repeats}"))
 
 
-def _default_linears() -> str:
-    from rksc_sgl.config import RkscConfig
-
-    return RkscConfig().cpu_linear_dtype
+def _default_linears(rows: list[dict]) -> str:
+    """The engine's default linears on the machine that measured ``rows``: int8 where it ran them
+    (``rksc_sgl.config.default_cpu_linear_dtype``), else float32. Read from the rows, so that the
+    report does not depend on the machine that writes it."""
+    return "int8" if any(r.get("linear_dtype") == "int8" for r in rows) else "float32"
 
 
 def _speed(rows: list[dict], kind: str, streams: int, baseline: str) -> dict:
     """The row of the engine's default linears (a run may hold a row per linear dtype)."""
+    default = _default_linears(rows)
     row = next((r for r in rows if (r["kind"], r["streams"], r["baseline"]) == (kind, streams, baseline)
-                and r.get("linear_dtype", "float32") == _default_linears()), None)
+                and r.get("linear_dtype", "float32") == default), None)
     if row is None:
         raise ValueError(f"speed.jsonl's latest run has no {kind} row of {streams} streams against {baseline} with "
-                         f"{_default_linears()} linears: run python -m benchmarks.speed")
+                         f"{default} linears: run python -m benchmarks.speed")
     return row
 
 
@@ -198,27 +203,25 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         _bench_row("best-of-4 + verifier, KV pool 1/4, 4 datasets x50", "RSBCM",
                    results / "capped" / "bon-verify.jsonl", "rsbcm-only"),
         _cgee_row("best-of-4 + verifier, 4 datasets x50, verification phase", results / "bon-verify.jsonl"),
-        _speed_row("decode, 1 stream", "CPU backend, lean decode", "stock `torch_native`", _speed(speed, "decode", 1, "stock")),
-        _speed_row("decode, 32 streams", "CPU backend, lean decode", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
+        _speed_row("decode, 1 stream", "CPU path: backend, lean decode, linears", "stock `torch_native`", _speed(speed, "decode", 1, "stock")),
+        _speed_row("decode, 32 streams", "CPU path: backend, lean decode, linears", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
                    _speed(speed, "prefill", 1, "stock")),
-        *([_speed_row("decode, 1 stream", f"CPU path, {_default_linears()} linears", "llama.cpp, Q4_1, same machine",
-                      _speed(speed, "decode", 1, "llama.cpp"))]
-          if any(r["baseline"] == "llama.cpp" for r in speed) else []),
-        *_opt_in_linears_rows(speed),
+        *_llama_cpp_rows(speed),
         _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32, "unseeded")),
     ]
 
 
-def _opt_in_linears_rows(speed: list[dict]) -> list[list[str]]:
-    """1-stream decode against llama.cpp of each linear dtype other than the default in the run,
-    with its greedy agreement with float32 linears."""
+def _llama_cpp_rows(speed: list[dict]) -> list[list[str]]:
+    """1-stream decode against llama.cpp: the default linears first, then each other dtype of the
+    run (a flag away), each with its greedy agreement with float32 linears where the run has it."""
+    default = _default_linears(speed)
     rows = []
-    for r in speed:
+    for r in sorted((r for r in speed if (r["kind"], r["streams"], r["baseline"]) == ("decode", 1, "llama.cpp")),
+                    key=lambda r: r.get("linear_dtype", "float32") != default):
         dtype = r.get("linear_dtype", "float32")
-        if (r["kind"], r["streams"], r["baseline"]) != ("decode", 1, "llama.cpp") or dtype == _default_linears():
-            continue
-        row = _speed_row("decode, 1 stream", f"CPU path, {dtype} linears (opt-in)", "llama.cpp, Q4_1, same machine", r)
+        what = f"CPU path, {dtype} linears" if dtype == default else f"CPU path, `--cpu-linear-dtype {dtype}`"
+        row = _speed_row("decode, 1 stream", what, "llama.cpp, Q4_1, same machine", r)
         agree = next((a for a in speed if a["kind"] == "agreement" and a["linear_dtype"] == dtype
                       and a["baseline"].startswith("float32")), None)
         if agree:

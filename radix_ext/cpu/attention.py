@@ -256,13 +256,13 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
 def create_backend(model_runner) -> RkscCpuAttnBackend:
     """SGLang's factory call, in the scheduler once the model is loaded: also applies the CPU
     speed settings of ``radix_ext.cpu.speed`` (thread policy, oneDNN linears)."""
-    from radix_ext.cpu.speed import ThreadPolicy, use_onednn_linears
+    from radix_ext.cpu.speed import ThreadPolicy, use_packed_linears
     from rksc_sgl.config import RkscConfig
 
     model = getattr(model_runner, "model", None)
     if model is not None:
         dtype = RkscConfig.from_env().cpu_linear_dtype
-        logger.info("rksc_cpu: %d linears packed in %s", use_onednn_linears(model, dtype), dtype)
+        logger.info("rksc_cpu: %d linears packed in %s", use_packed_linears(model, dtype), dtype)
     return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env())
 
 

@@ -140,7 +140,7 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
 }
 
 // add_rms_norm: s = x + residual (or x alone), y = (s * (1 / sqrt(mean(s^2) + eps))) * weight, per
-// row; returns (y, s). SGLang's RMSNorm.forward_native computes the same products; only the order of
+// row; returns (y, s), s empty [0, K] without a residual (x itself; no alias). SGLang's RMSNorm.forward_native computes the same products; only the order of
 // the sum of squares differs (float rounding). One pass per row, no temporaries.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps) {
@@ -152,22 +152,22 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const std::
   if (add) TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->sizes() == x.sizes(),
                        "residual: contiguous float32 like x");
   at::Tensor out = at::empty({M, K}, x.options());
-  at::Tensor sum = add ? at::empty({M, K}, x.options()) : x;
+  at::Tensor sum = at::empty({add ? M : 0, K}, x.options());  // without a residual, s is x: not returned
   const float* xp = x.data_ptr<float>();
   const float* rp = add ? residual->data_ptr<float>() : nullptr;
   const float* wp = weight.data_ptr<float>();
-  float* sp = sum.data_ptr<float>();
+  float* sp = add ? sum.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * K;
-      float* sr = sp + r * K;
+      const float* sr = add ? sp + r * K : xr;
       __m512 sq = _mm512_setzero_ps();
       for (int64_t k = 0; k < K; k += 16) {
         __m512 v = _mm512_loadu_ps(xr + k);
         if (add) {
           v = _mm512_add_ps(v, _mm512_loadu_ps(rp + r * K + k));
-          _mm512_storeu_ps(sr + k, v);
+          _mm512_storeu_ps(sp + r * K + k, v);
         }
         sq = _mm512_fmadd_ps(v, v, sq);
       }

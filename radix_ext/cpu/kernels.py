@@ -128,8 +128,9 @@ def linear(x: torch.Tensor, packed: tuple[torch.Tensor, int], bias: torch.Tensor
     """``F.linear(x, weight, bias)`` with ``packed = pack(weight)``, in float32, for x of any
     leading shape."""
     values, n = packed
-    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and bias is None:  # a decode step's
-        return _ops().w8a16_linear(x, values, n, None)
+    if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # a decode step's, with or without bias
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
+        return _ops().w8a16_linear(x, values, n, bias)
     rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     out = _ops().w8a16_linear(rows, values, n, None if bias is None else bias.to(torch.float32).contiguous())
     return out.view(*x.shape[:-1], n).to(x.dtype)
@@ -137,14 +138,15 @@ def linear(x: torch.Tensor, packed: tuple[torch.Tensor, int], bias: torch.Tensor
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, s): s = x + residual (x without one), y = s * rsqrt(mean(s^2) + eps) * weight, per row of
-    float32 [..., K]; SGLang's ``RMSNorm.forward_native`` up to the order of the sum of squares."""
+    """(y, s): s = x + residual, y = s * rsqrt(mean(s^2) + eps) * weight, per row of float32
+    [..., K]; SGLang's ``RMSNorm.forward_native`` up to the order of the sum of squares. Without a
+    residual s is x, and the op returns an empty s rather than an alias of its input."""
     if x.dim() == 2 and x.is_contiguous() and (residual is None or residual.is_contiguous()):
         return _ops().add_rms_norm(x, residual, weight, eps)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     res = None if residual is None else residual.reshape(rows.shape).contiguous()
     out, total = _ops().add_rms_norm(rows, res, weight, eps)
-    return out.view(x.shape), total.view(x.shape)
+    return out.view(x.shape), (total if residual is None else total.view(x.shape))
 
 
 def rope_neox(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """CPU-path speed settings applied with the ``rksc_cpu`` attention backend: thread count per
-forward, and linears through oneDNN with pre-packed weights, in float32 or bfloat16.
+forward, and linears with pre-packed weights: int8 through our kernel (the default where the CPU
+has AVX-512 VNNI), float32 or bfloat16 through oneDNN.
 
 **Threads.** How many OpenMP threads a forward of the scheduler uses. Default: torch's own
 count (both cores here), for every forward: the fastest on a machine that runs one engine
@@ -17,7 +18,7 @@ inherit it.
 with pre-packed weights for the shapes of a decode step, and faster for long prefill chunks
 (``python -m benchmarks.prefill_compare`` shows the effect on a 2,000-token prefill). So float32
 inputs of more than ``RKSC_CPU_ONEDNN_MAX_ROWS`` rows (default 256) keep ``F.linear``.
-``use_onednn_linears`` swaps the ``quant_method`` of every unquantized float32 linear (and of the
+``use_packed_linears`` swaps the ``quant_method`` of every unquantized float32 linear (and of the
 LM head) for a subclass whose ``apply`` calls ``torch.ops.mkldnn._linear_pointwise`` on a weight
 packed once; the weight is re-packed if it is modified. Both are IEEE float32 with another
 summation order: outputs differ from MKL's by float rounding (~3e-6 relative), as
@@ -33,22 +34,27 @@ depend on its batch no more than float32's do (the down projection's split sum, 
 the one shape where they differ). The float32 weights stay in the model (CGEE's logit lens reads
 the LM head's).
 
-**int8 linears** (``--cpu-linear-dtype int8``, x86 with AVX-512 VNNI). The same swap, with the
-weights packed for our own kernel (``radix_ext.cpu.kernels``: int8 with a scale per 32 inputs,
-int16 inputs, exact int32 sums), at every row count; and the model's RMSNorms point at its fused
-residual add + norm. A row's output does not depend on its batch at all.
+**int8 linears** (``--cpu-linear-dtype int8``, the default on x86 with AVX-512 VNNI and a C++
+compiler, ``rksc_sgl.config.default_cpu_linear_dtype``). The same swap, with the weights packed for
+our own kernel (``radix_ext.cpu.kernels``: int8 with a scale per 32 inputs, int16 inputs, exact
+int32 sums), at every row count; and the model's RMSNorms point at its fused residual add + norm.
+A row's output does not depend on its batch at all. A linear whose input width is not a multiple
+of 32 keeps float32 (with a warning).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 
 import torch
 import torch.nn.functional as F
 
 from radix_ext.cpu import kernels
+
+logger = logging.getLogger(__name__)
 
 THREADS_ENV = "RKSC_CPU_THREADS"
 LARGE_TOKENS_ENV = "RKSC_CPU_LARGE_FORWARD_TOKENS"
@@ -151,7 +157,7 @@ def _onednn_methods() -> dict[type, type]:
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
 
     class OneDnnLinearMethod(UnquantizedLinearMethod):
-        compute_dtype = torch.float32  # set per instance by use_onednn_linears
+        compute_dtype = torch.float32  # set per instance by use_packed_linears
 
         def apply(self, layer, x, bias=None):
             return _onednn_linear(layer, x, bias)
@@ -168,10 +174,10 @@ def _onednn_methods() -> dict[type, type]:
     return {UnquantizedLinearMethod: OneDnnLinearMethod, UnquantizedEmbeddingMethod: OneDnnLmHeadMethod}
 
 
-def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
-    """Route the model's float32 CPU linears and LM head through oneDNN, their weights packed in
-    ``dtype`` (a ``LINEAR_DTYPES`` name); returns how many layers were newly packed (0 on a second
-    call).
+def use_packed_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
+    """Route the model's float32 CPU linears and LM head through weights packed once in ``dtype``
+    (a ``LINEAR_DTYPES`` name: oneDNN for float32 and bfloat16, ``radix_ext.cpu.kernels`` for int8);
+    returns how many layers were newly packed (0 on a second call).
 
     Only layers whose method is exactly SGLang's unquantized one are touched; the input embedding
     (not an LM head unless tied, as in SmolLM2) keeps ``F.embedding``. In float32 the weights stay
@@ -204,6 +210,10 @@ def use_onednn_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
         if new_type is not None:
             method.__class__ = new_type  # keep the method's state; only ``apply`` differs
             method.compute_dtype = LINEAR_DTYPES[dtype]
+            if dtype == "int8" and weight.shape[1] % kernels.GROUP:  # the kernel's groups do not divide it
+                method.compute_dtype = torch.float32
+                logger.warning("rksc_cpu: a linear of input width %d keeps float32 (int8 needs a multiple of %d)",
+                               weight.shape[1], kernels.GROUP)
         if type(method) in swaps.values() and PACKED_ATTR not in module.__dict__:
             _onednn_linear(module, weight.new_zeros(1, weight.shape[1]), None)  # pack now, not mid-request
             count += 1

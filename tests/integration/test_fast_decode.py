@@ -47,13 +47,17 @@ class Decoded:
 
 
 def launch(attention_backend: str, env: dict[str, str] | None = None):
-    """The default engine with another attention backend; ``env`` reaches its spawned scheduler."""
+    """The default engine with another attention backend and float32 linears (stock's numbers, which
+    this file compares with; test_reduced_linears covers the others); ``env`` reaches its spawned
+    scheduler."""
+    from rksc_sgl.config import RkscConfig
     from rksc_sgl.engine import launch_engine
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in (env or {}).items():
             mp.setenv(name, value)
-        return launch_engine(attention_backend=attention_backend, max_total_tokens=POOL_TOKENS, log_level="error")
+        return launch_engine(attention_backend=attention_backend, rksc=RkscConfig(cpu_linear_dtype="float32"),
+                             max_total_tokens=POOL_TOKENS, log_level="error")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,17 @@ def test_unlanded_mechanism_is_refused_naming_it(capsys, monkeypatch):
     assert "ASKS" in capsys.readouterr().err
 
 
+def test_every_mode_takes_the_runs_linears_but_exact_float32(capsys):
+    args = parse_args(["--modes", "exact,rksc,exact-float32", "--cpu-linear-dtype", "bfloat16"])
+    configs = {m.name: m.engine_config(args.cpu_linear_dtype) for m in args.mode_objs}
+    assert configs["exact"].cpu_linear_dtype == configs["rksc"].cpu_linear_dtype == "bfloat16"
+    assert configs["exact-float32"].cpu_linear_dtype == "float32" and configs["rksc"].rsbcm
+    assert parse_args([]).cpu_linear_dtype == MODES["exact"].rksc_config().cpu_linear_dtype  # the engine's default
+    with pytest.raises(SystemExit):
+        parse_args(["--cpu-linear-dtype", "int4"])
+    assert "int4" in capsys.readouterr().err
+
+
 def test_unknown_workload_and_dataset_are_named(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--workload", "nope"])

@@ -16,7 +16,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 
 from radix_ext.cpu import attention as cpu_attention, kernels
 from radix_ext.cpu.attention import BACKEND_NAME, RkscCpuAttnBackend, DecodeSlots, batched_decode_attention
-from radix_ext.cpu.speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_onednn_linears
+from radix_ext.cpu.speed import LARGE_TOKENS_ENV, ONEDNN_ENV, THREADS_ENV, ThreadPolicy, use_packed_linears
 
 HEAD_DIM = 64
 POOL_SLOTS = 20000  # room for 32 requests of up to MAX_CONTEXT tokens
@@ -283,7 +283,7 @@ class TestOneDnnLinears:
 
         model = TinyModel()
         x = torch.randn(5, 16)
-        assert use_onednn_linears(model) == 2
+        assert use_packed_linears(model) == 2
         assert isinstance(model.proj.quant_method, UnquantizedLinearMethod)  # SGLang's isinstance checks hold
         for layer in (model.proj, model.embed_tokens):
             out = layer.quant_method.apply(layer, x)
@@ -291,22 +291,22 @@ class TestOneDnnLinears:
 
     def test_embedding_lookup_is_unchanged(self):
         model = TinyModel()
-        use_onednn_linears(model)
+        use_packed_linears(model)
         ids = torch.tensor([0, 7, 39])
         assert torch.equal(model.embed_tokens.quant_method.embedding(model.embed_tokens, ids), model.embed_tokens.weight[ids])
 
     def test_untied_input_embedding_and_other_dtypes_are_left_alone(self):
-        assert use_onednn_linears(TinyModel(tied_lm_head=False)) == 1  # proj only
-        assert use_onednn_linears(TinyModel(dtype=torch.bfloat16)) == 0
+        assert use_packed_linears(TinyModel(tied_lm_head=False)) == 1  # proj only
+        assert use_packed_linears(TinyModel(dtype=torch.bfloat16)) == 0
 
     def test_second_call_swaps_nothing_more(self):
         model = TinyModel()
-        use_onednn_linears(model)
-        assert use_onednn_linears(model) == 0
+        use_packed_linears(model)
+        assert use_packed_linears(model) == 0
 
     def test_weights_updated_in_place_are_repacked(self):
         model = TinyModel()
-        use_onednn_linears(model)
+        use_packed_linears(model)
         x = torch.randn(3, 16)
         model.proj.weight.mul_(2.0)
         out = model.proj.quant_method.apply(model.proj, x)
@@ -314,12 +314,12 @@ class TestOneDnnLinears:
 
     def test_environment_switch_turns_it_off(self, monkeypatch):
         monkeypatch.setenv(ONEDNN_ENV, "0")
-        assert use_onednn_linears(TinyModel()) == 0
+        assert use_packed_linears(TinyModel()) == 0
 
     def test_bfloat16_weights_round_like_a_bf16_matmul_and_leave_the_weights_alone(self):
         model = TinyModel()
         before = model.proj.weight.clone()
-        use_onednn_linears(model, "bfloat16")
+        use_packed_linears(model, "bfloat16")
         x = torch.randn(300, 16)  # more than MAX_ROWS: bf16 too, not MKL's float32
         out = model.proj.quant_method.apply(model.proj, x)
         assert out.dtype == torch.float32 and torch.equal(model.proj.weight, before)
@@ -329,7 +329,7 @@ class TestOneDnnLinears:
 
     def test_bfloat16_rows_do_not_depend_on_their_batch(self):
         model = TinyModel()
-        use_onednn_linears(model, "bfloat16")
+        use_packed_linears(model, "bfloat16")
         x = torch.randn(64, 16)
         apply = model.proj.quant_method.apply
         alone = torch.cat([apply(model.proj, x[i:i + 1]) for i in range(64)])
@@ -338,7 +338,7 @@ class TestOneDnnLinears:
     def test_bfloat16_adds_the_bias_in_float32(self):
         model = TinyModel()
         model.proj.bias = torch.randn(24)
-        use_onednn_linears(model, "bfloat16")
+        use_packed_linears(model, "bfloat16")
         x = torch.randn(2, 16)
         torch.testing.assert_close(model.proj.quant_method.apply(model.proj, x, model.proj.bias),
                                    model.proj.quant_method.apply(model.proj, x) + model.proj.bias)
@@ -348,7 +348,7 @@ class TestOneDnnLinears:
         model = TinyModel(width=64)
         model.proj.bias = torch.randn(24)
         before = model.proj.weight.clone()
-        assert use_onednn_linears(model, "int8") == 2
+        assert use_packed_linears(model, "int8") == 2
         x = torch.randn(300, 64)
         for layer, bias in ((model.proj, model.proj.bias), (model.embed_tokens, None)):
             out = layer.quant_method.apply(layer, x, bias)
@@ -363,21 +363,21 @@ class TestOneDnnLinears:
 
         monkeypatch.setattr(config, "_cpu_flags", lambda: {"avx512f"})
         with pytest.raises(ValueError, match="--cpu-linear-dtype int8: the CPU lacks"):
-            use_onednn_linears(TinyModel(width=64), "int8")
+            use_packed_linears(TinyModel(width=64), "int8")
 
     def test_an_unknown_dtype_is_refused_by_name(self):
         with pytest.raises(ValueError, match="--cpu-linear-dtype.*int4"):
-            use_onednn_linears(TinyModel(), "int4")
+            use_packed_linears(TinyModel(), "int4")
 
     def test_bfloat16_without_onednn_linears_is_refused(self, monkeypatch):
         monkeypatch.setenv(ONEDNN_ENV, "0")
         with pytest.raises(ValueError, match="--cpu-linear-dtype bfloat16"):
-            use_onednn_linears(TinyModel(), "bfloat16")
+            use_packed_linears(TinyModel(), "bfloat16")
 
     def test_sglang_calls_our_apply_for_the_lm_head(self):
         from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
 
         model = TinyModel()
         assert not should_apply_lm_head_quant_method(model.lm_head, model.lm_head.quant_method)  # stock: matmul
-        use_onednn_linears(model)
+        use_packed_linears(model)
         assert should_apply_lm_head_quant_method(model.lm_head, model.lm_head.quant_method)

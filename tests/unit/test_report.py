@@ -330,8 +330,8 @@ def test_the_decode_profile_keeps_every_earlier_run_as_its_before(tmp_path):
     assert "| old (2026-12-05) | 72.5 / 29.0 / 17.0 |" in text and "| new (2026-12-05) | 43.8 / 11.0 / 24.4 |" in text
 
 
-def test_an_opt_in_linear_dtype_gets_its_llama_cpp_row_with_its_agreement_and_the_default_none():
-    from benchmarks.report.tables import _opt_in_linears_rows
+def test_llama_cpp_rows_put_the_default_linears_first_with_their_agreement_and_the_others_by_their_flag():
+    from benchmarks.report.tables import _llama_cpp_rows
 
     def decode(dtype, tok_s):
         return {"kind": "decode", "streams": 1, "baseline": "llama.cpp", "linear_dtype": dtype, "tok_s": tok_s,
@@ -339,7 +339,11 @@ def test_an_opt_in_linear_dtype_gets_its_llama_cpp_row_with_its_agreement_and_th
 
     agreement = {"kind": "agreement", "streams": 50, "linear_dtype": "int8", "baseline": "float32 linears",
                  "prompts": 50, "identical": 16, "new_tokens": 128}
-    rows = _opt_in_linears_rows([decode("float32", 20.0), decode("int8", 62.0), agreement])
-    assert len(rows) == 1
-    assert rows[0][1] == "CPU path, int8 linears (opt-in)" and rows[0][3] == "0.62x"
-    assert rows[0][4] == "greedy text equal to float32's for 16 of 50 prompts (128 tokens)"
+    rows = _llama_cpp_rows([decode("float32", 20.0), decode("int8", 62.0), agreement])
+    assert [r[1] for r in rows] == ["CPU path, int8 linears", "CPU path, `--cpu-linear-dtype float32`"]
+    assert [r[3] for r in rows] == ["0.62x", "0.20x"]
+    assert rows[0][4] == "greedy text equal to float32's for 16 of 50 prompts (128 tokens)" and rows[1][4] == "-"
+    assert rows[0][-1] == "m, int8 linears"
+    # A run on a machine without int8 has float32 as its default; rows without the field ran float32.
+    old = {k: v for k, v in decode("float32", 20.0).items() if k != "linear_dtype"}
+    assert [r[1] for r in _llama_cpp_rows([old])] == ["CPU path, float32 linears"]

@@ -140,8 +140,15 @@ class _LensPass:
 
 
 def _lens_logits(model, normed: torch.Tensor) -> torch.Tensor:
-    """normed: [rows, hidden] -> [rows, vocab] float32 (the LM head, unpadded vocabulary)."""
-    weight = model.lm_head.weight[: model.config.vocab_size]
+    """normed: [rows, hidden] -> [rows, vocab] float32: the LM head as SGLang's logits processor
+    applies it (the head's own method where SGLang calls it, e.g. the CPU path's packed int8 or
+    oneDNN head, radix_ext.cpu.speed; else a matmul), on the unpadded vocabulary."""
+    from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+
+    head, vocab = model.lm_head, model.config.vocab_size
+    if should_apply_lm_head_quant_method(head, getattr(head, "quant_method", None)):
+        return head.quant_method.apply(head, normed)[:, :vocab].float()
+    weight = head.weight[:vocab]
     return torch.matmul(normed.to(weight.dtype), weight.T).float()
 
 

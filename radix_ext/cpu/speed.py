@@ -31,8 +31,9 @@ bytes, and AVX-512 BF16 multiplies them. The input is rounded to bf16, oneDNN su
 and rounds the output to bf16, which goes back to float32; norms, attention, the KV cache and
 sampling stay float32. Every row count (prefill chunks too) takes this path, so a row's numbers
 depend on its batch no more than float32's do (the down projection's split sum, K = 1,536, is
-the one shape where they differ). The float32 weights stay in the model (CGEE's logit lens reads
-the LM head's).
+the one shape where they differ). The float32 weights stay in the model (the tied input embedding
+reads the LM head's, and a weight updated in place is packed again from them); CGEE's logit lens
+applies the packed head, as SGLang's logits processor does (``radix_ext.cgee.forward``).
 
 **int8 linears** (``--cpu-linear-dtype int8``, the default on x86 with AVX-512 VNNI and a C++
 compiler, ``rksc_sgl.config.default_cpu_linear_dtype``). The same swap, with the weights packed for

@@ -358,6 +358,30 @@ class TestOneDnnLinears:
         out, exact = model.proj.quant_method.apply(model.proj, x), F.linear(x, model.proj.weight)
         assert (out - exact).abs().max() <= 0.02 * exact.abs().max()
 
+    @pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
+    def test_int8_keeps_float32_for_a_width_its_groups_do_not_divide(self, caplog):
+        model = TinyModel(width=48)
+        use_packed_linears(model, "int8")
+        assert model.proj.quant_method.compute_dtype == torch.float32
+        x = torch.randn(2, 48)
+        torch.testing.assert_close(model.proj.quant_method.apply(model.proj, x), F.linear(x, model.proj.weight),
+                                   rtol=1e-5, atol=1e-5)
+        assert "input width 48 keeps float32" in caplog.text
+
+    @pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
+    def test_cgees_logit_lens_reads_the_head_as_sglangs_logits_processor_applies_it(self):
+        from types import SimpleNamespace
+
+        from radix_ext.cgee.forward import _lens_logits
+
+        model = TinyModel(width=64)
+        model.config = SimpleNamespace(vocab_size=38)  # the head's last 2 rows are padding
+        x = torch.randn(3, 64)
+        torch.testing.assert_close(_lens_logits(model, x), F.linear(x, model.lm_head.weight[:38]))  # stock: matmul
+        use_packed_linears(model, "int8")
+        lens = _lens_logits(model, x)
+        assert lens.shape == (3, 38) and torch.equal(lens, model.lm_head.quant_method.apply(model.lm_head, x)[:, :38])
+
     def test_int8_on_a_cpu_without_vnni_is_refused_by_name(self, monkeypatch):
         from rksc_sgl import config
 

@@ -24,6 +24,7 @@ ASKS_SELECTORS = ("deviation", "leading")  # --asks-select
 CPU_LINEAR_DTYPES = ("float32", "bfloat16", "int8")  # --cpu-linear-dtype (radix_ext.cpu.speed.LINEAR_DTYPES)
 BACKEND_NAME = "rksc"
 INT8_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")  # radix_ext/cpu/kernels.cpp
+ONEDNN_LINEARS_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0": SGLang's F.linear, float32 only (radix_ext.cpu.speed)
 
 
 def cache_dir() -> Path:
@@ -57,14 +58,25 @@ def int8_linears_unsupported() -> str | None:
     missing = [flag for flag in INT8_CPU_FLAGS if flag not in _cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
-    if shutil.which(cxx_compiler()) is None:
+    if _which(cxx_compiler()) is None:
         return f"no C++ compiler {cxx_compiler()!r} on PATH (set CXX)"
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _which(program: str) -> str | None:
+    return shutil.which(program)  # once per name and process: every RkscConfig() asks
+
+
+def onednn_linears_off() -> bool:
+    """``RKSC_CPU_ONEDNN_LINEARS=0`` (an ablation): every linear stays SGLang's float32 ``F.linear``."""
+    return os.environ.get(ONEDNN_LINEARS_ENV, "1") == "0"
+
+
 def default_cpu_linear_dtype() -> str:
-    """``--cpu-linear-dtype``'s default: int8 where this machine runs its kernels, else float32."""
-    return "float32" if int8_linears_unsupported() else "int8"
+    """``--cpu-linear-dtype``'s default: int8 where this machine runs its kernels, else float32
+    (and float32 when ``RKSC_CPU_ONEDNN_LINEARS=0`` keeps SGLang's linears)."""
+    return "float32" if onednn_linears_off() or int8_linears_unsupported() else "int8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +167,11 @@ class RkscConfig:
         if self.cpu_linear_dtype not in CPU_LINEAR_DTYPES:
             raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(CPU_LINEAR_DTYPES)}, "
                              f"got {self.cpu_linear_dtype!r}")
-        if self.cpu_linear_dtype == "int8" and int8_linears_unsupported():
-            raise ValueError(f"--cpu-linear-dtype int8: {int8_linears_unsupported()}; use bfloat16 or float32")
+        if self.cpu_linear_dtype != "float32" and onednn_linears_off():
+            raise ValueError(f"--cpu-linear-dtype {self.cpu_linear_dtype} packs the linears, which "
+                             f"{ONEDNN_LINEARS_ENV}=0 turns off; unset it or use float32")
+        if self.cpu_linear_dtype == "int8" and (why := int8_linears_unsupported()):
+            raise ValueError(f"--cpu-linear-dtype int8: {why}; use bfloat16 or float32")
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
             raise ValueError(f"--max-n must be an int >= 1, got {self.max_n!r}")
         if isinstance(self.max_fanout, bool) or not isinstance(self.max_fanout, int) or self.max_fanout < 1:

@@ -40,8 +40,8 @@ PARTS = (
     ("KV writes", ("mem_cache/memory_pool.py",)),
     ("layer boundaries", ("layers/layer_boundary/",)),  # SGLang's per-layer stage machinery
     ("attention", ("radix_ext/cpu/attention.py", "radix_attention.py", "torch_native_backend.py")),
-    ("norms", ("layernorm.py",)),
-    ("rotary", ("rotary_embedding", "): _rotate")),  # "): _rotate": the lean loop's own rotation
+    ("norms", ("layernorm.py", "): add_rms_norm", "): fused_rms_norm")),  # the fused norm (int8 path)
+    ("rotary", ("rotary_embedding", "): _rotate", "): rope_neox")),  # the lean loop's own rotations
     ("activation", ("activation.py",)),
     ("sampling", ("sampler.py", "radix_ext/sampling/")),
     ("model (other)", ("sglang/srt/models/", "radix_ext/cpu/decode.py")),  # decode.py: the lean loop

@@ -21,17 +21,17 @@ VARIANTS = ("ours", "mkl", "stock")
 
 
 def launch(variant: str):
-    from rksc_sgl.config import RkscConfig
+    from rksc_sgl.config import ONEDNN_LINEARS_ENV, RkscConfig
     from rksc_sgl.engine import launch_engine
 
     if variant == "stock":
         return launch_engine(attention_backend="torch_native", rksc=RkscConfig(seeded_sampling=False), log_level="error")
-    if variant == "mkl":  # the spawned scheduler reads it at start-up
-        os.environ["RKSC_CPU_ONEDNN_LINEARS"] = "0"
+    if variant == "mkl":  # the spawned scheduler reads it at start-up; the default linears follow it
+        os.environ[ONEDNN_LINEARS_ENV] = "0"
         try:
-            return launch_engine(rksc=RkscConfig(cpu_linear_dtype="float32"), log_level="error")
+            return launch_engine(log_level="error")
         finally:
-            os.environ.pop("RKSC_CPU_ONEDNN_LINEARS")
+            os.environ.pop(ONEDNN_LINEARS_ENV)
     return launch_engine(log_level="error")
 
 

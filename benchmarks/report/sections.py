@@ -276,6 +276,7 @@ ROOT = tables.RESULTS.parent.parent
 DOC_SECTIONS = {
     "speed": ("speed.jsonl", tables.speed_section),
     "decode-profile": ("decode_profile.jsonl", tables.decode_profile_section),
+    "fidelity": ("fidelity.jsonl", tables.fidelity_section),
     "bon-verify": ("bon-verify.jsonl", None),
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),
     "bon-verify-aa": ("aa/bon-verify.jsonl", None),

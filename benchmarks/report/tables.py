@@ -179,6 +179,7 @@ def _blend(results: Path, workload: str) -> Path:
 
 def summary_rows(results: Path = RESULTS) -> list[list[str]]:
     speed = latest_rows(results / "speed.jsonl")
+    fidelity = results / "fidelity.jsonl"
     adaptive = results / "adaptive" / "sc.jsonl"
     adaptive_modes = {r["mode"] for r in latest_rows(adaptive)} if adaptive.exists() else set()
     in_scheduler = "group-stop" in adaptive_modes
@@ -207,14 +208,15 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
         _speed_row("decode, 32 streams", "CPU path: backend, lean decode, linears", "stock `torch_native`", _speed(speed, "decode", 32, "stock")),
         _speed_row("prefill, 2,000 tokens", "CPU attention backend", "stock `torch_native`",
                    _speed(speed, "prefill", 1, "stock")),
-        *_llama_cpp_rows(speed),
+        *_llama_cpp_rows(speed, latest_rows(fidelity) if fidelity.exists() else []),
         _speed_row("sampled decode, 32 streams", "seeded sampling", "SGLang's sampler", _speed(speed, "sampled", 32, "unseeded")),
     ]
 
 
-def _llama_cpp_rows(speed: list[dict]) -> list[list[str]]:
+def _llama_cpp_rows(speed: list[dict], fidelity: list[dict] = ()) -> list[list[str]]:
     """1-stream decode against llama.cpp: the default linears first, then each other dtype of the
-    run (a flag away), each with its greedy agreement with float32 linears where the run has it."""
+    run (a flag away), each with its greedy agreement with float32 linears where the run has it,
+    and its teacher-forced reading against them (``benchmarks.fidelity``) where there is one."""
     default = _default_linears(speed)
     rows = []
     for r in sorted((r for r in speed if (r["kind"], r["streams"], r["baseline"]) == ("decode", 1, "llama.cpp")),
@@ -227,8 +229,27 @@ def _llama_cpp_rows(speed: list[dict]) -> list[list[str]]:
         if agree:
             row[4] = (f"greedy text equal to float32's for {agree['identical']} of {agree['prompts']} prompts "
                       f"({agree['new_tokens']} tokens)")
+        read = next((f for f in fidelity if f["engine"] == dtype), None)
+        if read:
+            row[4] = (f"{'' if row[4] == '-' else row[4] + '; '}teacher-forced, top token float32's at "
+                      f"{read['top_token_agreement']:.1%} of positions, perplexity {read['perplexity']:.3f} vs "
+                      f"{read['reference_perplexity']:.3f}")
         rows.append(row)
     return rows
+
+
+def fidelity_section(path: Path) -> str:
+    """``benchmarks.fidelity``'s latest run: each engine's teacher-forced reading against float32 linears."""
+    rows = latest_rows(path)
+    first = rows[0]
+    body = [[f"`{r['engine']}`", r["linear_dtype"], f"{r['perplexity']:.3f}", f"{r['reference_perplexity']:.3f}",
+             f"{r['top_token_agreement']:.1%}", f"{r['mean_abs_logprob_difference']:.4f}",
+             f"{r['nll_delta_per_token']:+.4f} [{r['nll_delta_ci95'][0]:+.4f}, {r['nll_delta_ci95'][1]:+.4f}]"]
+            for r in rows]
+    return (f"Commit {first['commit']}, {first['date']}, {first['machine']}: {first['texts']} {first['dataset']}, "
+            f"{first['tokens']:,} positions, read teacher-forced. Produced by:\n\n```bash\n{first['command']}\n```\n\n"
+            + markdown(["engine", "linears", "perplexity", "float32 linears' perplexity", "top token = float32's",
+                        "mean abs log-prob difference", "NLL change per token [95% CI]"], body))
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:

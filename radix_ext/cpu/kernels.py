@@ -178,14 +178,14 @@ def use_fused_norms(model: torch.nn.Module) -> int:
 def _fused_forward(norm):
     native = norm.forward_native
 
-    def forward(x, residual=None, post_residual_addition=None, quant_linear=None):
+    def fused_rms_norm(x, residual=None, post_residual_addition=None, quant_linear=None):
         if (x.dtype != torch.float32 or post_residual_addition is not None
                 or (residual is not None and residual.dtype != torch.float32)):
             return native(x, residual, post_residual_addition)
         out, total = add_rms_norm(x, residual, norm.weight.data, norm.variance_epsilon)
         return out if residual is None else (out, total)
 
-    return forward
+    return fused_rms_norm  # the name benchmarks.decode_profile knows it by
 
 
 def main() -> int:

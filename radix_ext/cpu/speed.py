@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from radix_ext.cpu import kernels
+from rksc_sgl.config import ONEDNN_LINEARS_ENV, onednn_linears_off
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def cap_onednn_caches() -> dict[str, str]:
     return {name: os.environ.setdefault(name, str(ONEDNN_CACHE_CAPACITY)) for name in ONEDNN_CACHE_ENVS}
 
 
-ONEDNN_ENV = "RKSC_CPU_ONEDNN_LINEARS"  # "0" keeps SGLang's F.linear (for ablations)
+ONEDNN_ENV = ONEDNN_LINEARS_ENV  # "0" keeps SGLang's F.linear (for ablations)
 MAX_ROWS_ENV = "RKSC_CPU_ONEDNN_MAX_ROWS"
 MAX_ROWS = _env_int(MAX_ROWS_ENV, 256)  # more float32 rows than this (prefill chunks): MKL's F.linear
 PACKED_ATTR = "_rksc_onednn_weight"
@@ -189,7 +190,7 @@ def use_packed_linears(model: torch.nn.Module, dtype: str = "float32") -> int:
         raise ValueError(f"--cpu-linear-dtype must be one of {', '.join(LINEAR_DTYPES)}, got {dtype!r}")
     if dtype == "int8" and kernels.unsupported():
         raise ValueError(f"--cpu-linear-dtype int8: {kernels.unsupported()}; use bfloat16 or float32")
-    if not torch.backends.mkldnn.is_available() or os.environ.get(ONEDNN_ENV, "1") == "0":
+    if not torch.backends.mkldnn.is_available() or onednn_linears_off():
         if dtype != "float32":
             raise ValueError(f"--cpu-linear-dtype {dtype} needs oneDNN linears ({ONEDNN_ENV}=0 or no oneDNN)")
         return 0

@@ -23,14 +23,10 @@ from rksc_sgl import RkscConfig
 from rksc_sgl.protocol import ASKS_KEY
 from tests.integration.engines import Engines
 from tests.integration.kv import assert_no_kv_leak, wait_until_idle
+from tests.integration.linears import FLOAT32_LINEARS
 
 pytestmark = pytest.mark.integration
 
-# With int8 linears (the default on a VNNI CPU) each linear rounds its input row to int16 at the
-# row's own scale, which turns a float32 rounding difference (a KV reused rather than recomputed)
-# into whole rounding steps: texts compared across engines can part late (seen once, at the last
-# of 16 tokens), and the runtime's gate reads the calibration's float32 hidden states less closely.
-FLOAT32_LINEARS = RkscConfig().cpu_linear_dtype == "float32"
 CONFIG = SamplingConfig(num_branches=4, max_new_tokens=16, temperature=0.7, seed=3)
 SHOTS = 3
 ENGINES = {

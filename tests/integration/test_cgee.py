@@ -13,6 +13,7 @@ from rksc_sgl.protocol import EarlyExitParams
 from rksc_sgl.cgee import Candidate, CgeeThresholds, verdict_token_ids, verifier_prompt, verify
 from rksc_sgl.config import RkscConfig
 from tests.integration.kv import assert_no_kv_leak
+from tests.integration.linears import FLOAT32_LINEARS
 
 pytestmark = pytest.mark.integration
 
@@ -151,13 +152,12 @@ class TestBatches:
         # not: SGLang's overlap scheduler retires a request one step late, so the verification
         # (like any request finishing at prefill) rides along in one decode step, and a 2-row
         # decode rounds differently from a 1-row one (the blocker alone does the same).
-        # With int8 linears (the default here) each linear rounds its input row to int16 at the
-        # row's own scale, which turns that float32 rounding difference into whole steps of the
-        # rounding: 6.2e-4 was seen, against under 1e-4 with float32 linears.
+        # int8 linears (tests.integration.linears) make that difference whole rounding steps:
+        # 6.2e-4 was seen, against under 1e-4 with float32 linears.
         text, logprobs, top = computation(outs[0])
         text_alone, logprobs_alone, top_alone = computation(alone)
         assert text == text_alone and top[0] == top_alone[0]
-        bound = 1e-4 if RkscConfig().cpu_linear_dtype == "float32" else 2e-3
+        bound = 1e-4 if FLOAT32_LINEARS else 2e-3
         assert [lp for lp, *_ in logprobs] == pytest.approx([lp for lp, *_ in logprobs_alone], abs=bound)
         # The verification ran in its own prefill batch, so it really stopped at its exit layer.
         assert info(outs[1], "rksc_batch_rows") == 1
@@ -272,6 +272,4 @@ class TestServerPolicy:
         assert verify(endpoint, self.CANDIDATES[:1], mode="cgee", thresholds=confident).skipped
 
     def test_an_engine_reports_its_own_defaults(self, backend):
-        from rksc_sgl.config import RkscConfig
-
         assert CgeeThresholds.of_server(backend) == CgeeThresholds.from_config(RkscConfig())

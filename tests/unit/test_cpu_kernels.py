@@ -102,6 +102,41 @@ def test_the_default_linears_are_int8_where_the_machine_runs_them_else_float32(m
     assert split_args(["--cpu-linear-dtype", "bfloat16"])[0].cpu_linear_dtype == "bfloat16"
 
 
+def test_with_onednn_linears_off_the_default_is_float32_and_packed_dtypes_are_refused_at_start_up(monkeypatch):
+    from rksc_sgl import config
+    from rksc_sgl.launch_server import split_args
+
+    monkeypatch.setattr(config.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(config, "_cpu_flags", lambda: set(config.INT8_CPU_FLAGS))
+    monkeypatch.setenv("CXX", "true")
+    monkeypatch.setenv(config.ONEDNN_LINEARS_ENV, "0")
+    assert config.RkscConfig().cpu_linear_dtype == "float32" and split_args([])[0].cpu_linear_dtype == "float32"
+    for dtype in ("int8", "bfloat16"):
+        with pytest.raises(ValueError, match=f"--cpu-linear-dtype {dtype} .*RKSC_CPU_ONEDNN_LINEARS=0"):
+            config.RkscConfig(cpu_linear_dtype=dtype)
+        with pytest.raises(SystemExit):
+            split_args(["--cpu-linear-dtype", dtype])
+    monkeypatch.setenv(config.ONEDNN_LINEARS_ENV, "1")
+    assert config.RkscConfig().cpu_linear_dtype == "int8"
+
+
+def test_the_compiler_is_looked_up_once_per_name(monkeypatch):
+    from rksc_sgl import config
+
+    calls = []
+    monkeypatch.setattr(config.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(config, "_cpu_flags", lambda: set(config.INT8_CPU_FLAGS))
+    monkeypatch.setattr(config.shutil, "which", lambda name: calls.append(name) or "/bin/" + name)
+    monkeypatch.setenv("CXX", "some-compiler")
+    config._which.cache_clear()
+    try:
+        for _ in range(3):
+            assert config.RkscConfig().cpu_linear_dtype == "int8"
+        assert calls == ["some-compiler"]
+    finally:
+        config._which.cache_clear()  # no answer of the patched lookup stays behind for later tests
+
+
 def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path):
     monkeypatch.setenv("RKSC_SGL_CACHE", str(tmp_path))
     first = kernels.library_path()

@@ -73,3 +73,16 @@ def test_the_lean_loops_rotation_counts_as_rotary_not_as_the_loop():
     kernel = ev("aten::mul", 11, 5)
     assert part_of(kernel, [rotate, loop]) == "rotary"
     assert part_of(ev("aten::add", 30, 5), [loop]) == "model (other)"
+
+
+def test_the_fused_norm_and_rotation_of_the_int8_path_count_as_norms_and_rotary():
+    loop = py("radix_ext/cpu/decode.py(180): _decode", 0, 100)
+    norm = py("radix_ext/cpu/kernels.py(139): add_rms_norm", 10, 8)
+    fused = py("radix_ext/cpu/kernels.py(181): fused_rms_norm", 9, 10)  # the norm's _forward_method
+    rope = py("radix_ext/cpu/kernels.py(152): rope_neox", 40, 8)
+    linear = py("radix_ext/cpu/kernels.py(127): linear", 60, 8)
+    speed = py("radix_ext/cpu/speed.py(147): _onednn_linear", 59, 10)
+    assert part_of(ev("rksc::add_rms_norm", 11, 5), [norm, fused, loop]) == "norms"
+    assert part_of(ev("aten::empty", 9, 1), [fused, loop]) == "norms"  # its own Python's ops
+    assert part_of(ev("rksc::rope_neox", 41, 5), [rope, loop]) == "rotary"
+    assert part_of(ev("rksc::w8a16_linear", 61, 5), [linear, speed, loop]) == "linears"

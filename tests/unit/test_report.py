@@ -347,3 +347,13 @@ def test_llama_cpp_rows_put_the_default_linears_first_with_their_agreement_and_t
     # A run on a machine without int8 has float32 as its default; rows without the field ran float32.
     old = {k: v for k, v in decode("float32", 20.0).items() if k != "linear_dtype"}
     assert [r[1] for r in _llama_cpp_rows([old])] == ["CPU path, float32 linears"]
+
+
+def test_llama_cpp_rows_add_the_teacher_forced_reading_of_their_linears_where_there_is_one():
+    from benchmarks.report.tables import _llama_cpp_rows
+
+    decode = {"kind": "decode", "streams": 1, "baseline": "llama.cpp", "linear_dtype": "int8", "tok_s": 62.0,
+              "baseline_tok_s": 100.0, "commit": "abc", "machine": "m"}
+    read = {"engine": "int8", "top_token_agreement": 0.953, "perplexity": 2.512, "reference_perplexity": 2.498}
+    row, = _llama_cpp_rows([decode], [read, {**read, "engine": "bfloat16", "perplexity": 9.0}])
+    assert row[4] == "teacher-forced, top token float32's at 95.3% of positions, perplexity 2.512 vs 2.498"

@@ -30,7 +30,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
-from rksc_sgl.config import CPU_LINEAR_DTYPES, RkscConfig, int8_linears_unsupported
+from benchmarks.perf.speed import engine_overrides
+from rksc_sgl.config import CPU_LINEAR_DTYPES, int8_linears_unsupported
 
 RESULTS = Path("benchmarks/results/fidelity.jsonl")
 # A text's reading: per position after the first, the text's token's log-probability and the top token id.
@@ -44,12 +45,10 @@ def reference_texts(n: int) -> list[str]:
 
 
 def engines(dtypes: list[str]) -> dict[str, dict]:
-    """Engine name -> ``launch_engine`` keyword arguments; ``float32`` is the reference."""
-    named = {"float32": {"rksc": RkscConfig(cpu_linear_dtype="float32")}}
-    named.update({dtype: {"rksc": RkscConfig(cpu_linear_dtype=dtype)} for dtype in dtypes})
-    named["stock"] = {"attention_backend": "torch_native",
-                      "rksc": RkscConfig(seeded_sampling=False, cpu_linear_dtype="float32")}
-    return named
+    """Engine name -> ``launch_engine`` keyword arguments (``benchmarks.speed``'s "ours" in each
+    dtype, and its "stock"); ``float32`` is the reference."""
+    named = {dtype: engine_overrides(dtype)["ours"] for dtype in ("float32", *dtypes)}
+    return {**named, "stock": engine_overrides()["stock"]}
 
 
 def read(engine, texts: list[str]) -> list[Reading]:

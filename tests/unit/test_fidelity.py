@@ -61,3 +61,13 @@ def test_the_section_gives_each_engine_against_float32_with_its_command(tmp_path
     assert "python -m benchmarks.fidelity --texts 2" in text and "2 gsm8k reference solutions, 5 positions" in text
     assert "| `int8` | int8 | 2.500 | 2.400 | 95.0% | 0.0500 | +0.0400 [+0.0300, +0.0500] |" in text
     assert "| `stock` | float32 | 2.400 | 2.400 | 100.0% |" in text
+
+
+def test_the_engines_are_the_speed_benchmarks_in_each_dtype_and_its_stock():
+    from benchmarks.perf.fidelity import engines
+    from benchmarks.perf.speed import engine_overrides
+
+    named = engines(["bfloat16"])
+    assert list(named) == ["float32", "bfloat16", "stock"]
+    assert [named[d]["rksc"].cpu_linear_dtype for d in ("float32", "bfloat16")] == ["float32", "bfloat16"]
+    assert named["stock"] == engine_overrides()["stock"] and named["stock"]["attention_backend"] == "torch_native"

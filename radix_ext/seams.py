@@ -50,7 +50,9 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
         ),
         "rksc_cpu attention": (
             f"{_TORCH_NATIVE}._run_sdpa_forward_extend", f"{_TORCH_NATIVE}.forward_decode",
-            f"{_TORCH_NATIVE}.init_forward_metadata",
+            f"{_TORCH_NATIVE}.forward_extend", f"{_TORCH_NATIVE}.init_forward_metadata",
+            "sglang.srt.layers.radix_attention.AttentionType.ENCODER_ONLY",
+            "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_seq_lens_cpu",
             "sglang.srt.layers.attention.attention_registry.register_attention_backend",
             "sglang.srt.arg_groups.choices.add_attention_backend_choices",
             "sglang.srt.mem_cache.memory_pool.KVWriteLoc",

@@ -1,23 +1,33 @@
-"""Attention backend ``rksc_cpu``: SGLang's ``torch_native`` with one batched decode attention
-and an extend that attends from the new tokens only when they are the fewer.
+"""Attention backend ``rksc_cpu``: SGLang's ``torch_native`` with one attention call per layer for
+the whole batch, whose every row is computed the same way whatever is batched or cached around it.
 
-Stock ``torch_native`` decodes request by request: per request and per layer it gathers the keys
-and values with advanced indexing (``k_cache[slots]``, slower on CPU than ``index_select`` for
-rows this small) and calls SDPA once. With 8 streams that is 240 gathers and 240 SDPA calls per
-step. Here the KV slots of the whole batch are looked up once per step (``DecodeSlots``, padded to
-the longest request), and each layer does two ``index_select`` gathers and one SDPA call over
-``[batch, heads, 1, head_dim]`` with a padding mask. Extend keeps stock's per-request loop but
-queries only the request's new tokens when they are at most half of it (``extend_attention``,
-``RkscCpuAttnBackend``). Any layer kind this does not cover (cross attention, sliding windows,
-encoder lengths, SWA pools) stays with the parent.
+**Invariant attention** (the default where ``radix_ext.cpu.kernels`` builds: x86 with AVX-512 VNNI
+and a C++ compiler). Decode, extend and ASKS blend's kept rows all go through
+``kernels.causal_attention``: one call per layer, each query row attending to its request's keys
+up to its own position, straight from the KV pool through SGLang's ``req_to_token`` (no gathered
+copies). A row's sums run in an order fixed by its position alone, so its output is the same bits
+whether the row is a fresh prompt's, sits behind a cached prefix, is decoded alone or beside 31
+other requests. With the int8 linears, which are row-invariant too, a token's whole forward pass
+then is: modes that differ only in what they cache or batch (stock prefix caching, no cache, our
+cache policies) compute the same numbers, and a benchmark's comparison between them stays exact.
+SDPA's CPU flash kernel blocks keys by the sequence's length and queries by the batch's, which
+moves a row by float rounding (~1e-7), enough for int8's input rounding to flip a sampled token
+(``tests/integration/test_invariance.py``). ``RKSC_CPU_INVARIANT_ATTENTION=0`` keeps SDPA (below).
 
-Numerics: the same CPU flash-attention kernel as stock, over the same key order; padding columns
-get probability exactly 0, so outputs agree with stock up to float summation order (~1e-7), and
-exactly for one request, for equal-length batches, for the prefill of a fresh prompt and for an
-extend longer than its cached prefix.
+**SDPA** (``RKSC_CPU_INVARIANT_ATTENTION=0``, or where the kernels cannot build). Stock
+``torch_native`` decodes request by request: per request and per layer it gathers the keys and
+values with advanced indexing and calls SDPA once. Here the KV slots of the whole batch are looked
+up once per step (``DecodeSlots``, padded to the longest request), and each layer does two
+``index_select`` gathers and one SDPA call over ``[batch, heads, 1, head_dim]`` with a padding
+mask. Extend keeps stock's per-request loop but queries only the request's new tokens when they
+are at most half of it (``extend_attention``). Padding columns get probability exactly 0, so
+outputs agree with stock up to float summation order (~1e-7), and exactly for one request, for
+equal-length batches, for the prefill of a fresh prompt and for an extend longer than its cached
+prefix.
 
-``create_backend`` also applies the CPU speed settings of ``radix_ext.cpu.speed``: oneDNN linears
-with pre-packed weights, and the thread policy, once per forward.
+Any layer kind neither covers (cross attention, sliding windows, encoder lengths, SWA pools, a KV
+cache not in float32) stays with the parent. ``create_backend`` also applies the CPU speed settings
+of ``radix_ext.cpu.speed``: packed linears, and the thread policy, once per forward.
 """
 
 from __future__ import annotations
@@ -29,9 +39,13 @@ import os
 import torch
 import torch.nn.functional as F
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from radix_ext.cpu import kernels
+
 BACKEND_NAME = "rksc_cpu"
+INVARIANT_ENV = "RKSC_CPU_INVARIANT_ATTENTION"  # "0": SDPA (an ablation); "1": refuse to start without the kernel
 BLEND_VIEW_ATTR = "rksc_blend_view"  # on a ForwardBatch reduced by radix_ext.asks_blend: its BlendView
 logger = logging.getLogger(__name__)
 
@@ -65,6 +79,51 @@ class DecodeSlots:
             slots = torch.where(real, slots, slots[:, :1])
             mask = real[:, None, None, :]
         return cls(slots.reshape(-1), mask, batch_size, max_len)
+
+
+def invariant_attention() -> bool:
+    """Whether ``rksc_cpu`` attends with ``kernels.causal_attention``: where the kernels build,
+    unless ``RKSC_CPU_INVARIANT_ATTENTION=0``. A value other than 0 or 1, or 1 where the kernels
+    cannot build, stops start-up naming the variable."""
+    raw = os.environ.get(INVARIANT_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{INVARIANT_ENV} must be 0 or 1, got {raw!r}")
+    if raw == "0":
+        return False
+    why = kernels.unsupported()
+    if why and raw == "1":
+        raise ValueError(f"{INVARIANT_ENV}=1: {why}")
+    return why is None
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryRows:
+    """Which request and position each query row of a forward has: ``kernels.causal_attention``'s
+    plan. ``req_rows`` [B] int64: each request's row of ``req_to_token``; ``offsets`` [B + 1] int64:
+    request ``b``'s query rows are ``offsets[b]:offsets[b + 1]``; ``positions`` [T] int64: each
+    row sees its request's positions ``0..positions[t]``."""
+
+    req_rows: torch.Tensor
+    offsets: torch.Tensor
+    positions: torch.Tensor
+
+    @classmethod
+    def of(cls, req_pool_indices: torch.Tensor, counts, positions: torch.Tensor) -> "QueryRows":
+        offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+        offsets[1:] = torch.as_tensor(counts, dtype=torch.int64).cumsum(0)
+        return cls(req_pool_indices.to(torch.int64).contiguous(), offsets, positions.to(torch.int64).contiguous())
+
+    @classmethod
+    def decode(cls, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> "QueryRows":
+        """One row per request, at its last position."""
+        return cls.of(req_pool_indices, [1] * int(seq_lens.shape[0]), seq_lens - 1)
+
+    @classmethod
+    def extend(cls, req_pool_indices: torch.Tensor, seq_lens: list[int], extend_lens: list[int]) -> "QueryRows":
+        """Each request's ``extend_len`` new tokens, at the last positions of its ``seq_len``."""
+        positions = torch.cat([torch.arange(n - e, n) for n, e in zip(seq_lens, extend_lens)]) if seq_lens \
+            else torch.zeros(0, dtype=torch.int64)
+        return cls.of(req_pool_indices, extend_lens, positions)
 
 
 def batched_decode_attention(
@@ -141,8 +200,10 @@ def blend_extend_attention(
 
 
 class RkscCpuAttnBackend(TorchNativeAttnBackend):
-    """``TorchNativeAttnBackend`` with one batched decode call per layer, and an extend that
-    attends from the new tokens only, unless they outnumber the cached prefix (``extend_attention``).
+    """``TorchNativeAttnBackend`` with one attention call per layer: ``kernels.causal_attention``
+    when ``invariant`` (decode, extend and blend rows alike), else one batched SDPA decode call and
+    an extend that attends from the new tokens only, unless they outnumber the cached prefix
+    (``extend_attention``).
 
     Stock's extend attends from every position of the request, cached prefix included
     (``per_req_query_redudant``), and keeps the last ``extend_len`` rows: a forked branch that
@@ -150,20 +211,60 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
     layer instead of 5 x 1,200.
     """
 
-    def __init__(self, model_runner, thread_policy=None):
+    def __init__(self, model_runner, thread_policy=None, invariant: bool = False):
         super().__init__(model_runner)
         self.thread_policy = thread_policy
+        self.invariant = invariant
         self._slots: DecodeSlots | None = None
         self._slots_batch = None  # the ForwardBatch ``_slots`` was built for
+        self._rows: QueryRows | None = None
+        self._rows_batch = None  # the ForwardBatch ``_rows`` was built for
 
     def init_forward_metadata(self, forward_batch) -> None:
         super().init_forward_metadata(forward_batch)
         if self.thread_policy is not None:
             ids = forward_batch.input_ids
             self.thread_policy.apply(ids.shape[0] if ids is not None else forward_batch.batch_size)
-        self._slots_batch = None
-        if forward_batch.forward_mode.is_decode():
+        self._slots_batch = self._rows_batch = None
+        if self.invariant:
+            self._query_rows(forward_batch)
+        elif forward_batch.forward_mode.is_decode():
             self._decode_slots(forward_batch)
+
+    def _query_rows(self, forward_batch) -> QueryRows:
+        """The batch's ``QueryRows`` (decode: one row per request; extend: its new tokens), built
+        once per forward."""
+        if self._rows_batch is not forward_batch:
+            seq_lens = forward_batch.seq_lens_cpu
+            if seq_lens is None:
+                seq_lens = forward_batch.seq_lens
+            if forward_batch.forward_mode.is_decode():
+                self._rows = QueryRows.decode(forward_batch.req_pool_indices, seq_lens)
+            else:
+                extend = forward_batch.extend_seq_lens_cpu
+                if extend is None:
+                    extend = forward_batch.extend_seq_lens.tolist()
+                self._rows = QueryRows.extend(forward_batch.req_pool_indices, seq_lens.tolist(), list(extend))
+            self._rows_batch = forward_batch
+        return self._rows
+
+    def _invariant_layer(self, layer, forward_batch) -> bool:
+        """Whether this layer's attention goes to ``kernels.causal_attention``: a plain causal
+        self-attention over a float32 KV pool."""
+        window = layer.sliding_window_size
+        return (self.invariant and not layer.is_cross_attention and (window is None or window <= -1)
+                and forward_batch.encoder_lens is None and not self.use_sliding_window_kv_pool
+                and getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY
+                and self.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype == torch.float32)
+
+    def _causal(self, q, layer, rows: QueryRows) -> torch.Tensor:
+        """[rows, heads * v_dim]: ``kernels.causal_attention`` of the layer's queries over the pool."""
+        out = kernels.causal_attention(
+            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim).float(),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token, rows.req_rows, rows.offsets, rows.positions, layer.scaling)
+        return out.view(out.shape[0], -1).to(q.dtype)
 
     def _decode_slots(self, forward_batch) -> DecodeSlots:
         """Built once per step; rebuilt if SGLang skipped ``init_forward_metadata`` for this batch."""
@@ -207,6 +308,14 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
         then only those rows write their KV, and each attends to its request's whole row of the
         pool up to its own position (``blend_extend_attention``)."""
         view = getattr(forward_batch, BLEND_VIEW_ATTR, None)
+        if self._invariant_layer(layer, forward_batch):
+            loc = view.out_cache_loc if view is not None else forward_batch.out_cache_loc
+            if save_kv_cache and k is not None and v is not None:
+                swa = None if view is not None else self.swa_out_cache_loc
+                self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, swa), k, v)
+            rows = self._query_rows(forward_batch) if view is None else QueryRows.of(
+                forward_batch.req_pool_indices, view.query_counts, view.query_positions)
+            return self._causal(q, layer, rows)
         if view is None or layer.is_cross_attention or (
                 layer.sliding_window_size is not None and layer.sliding_window_size > -1):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -243,6 +352,8 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
         if save_kv_cache and k is not None and v is not None:
             loc = KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc)
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+        if self._invariant_layer(layer, forward_batch):
+            return self._causal(q, layer, self._query_rows(forward_batch))
         out = batched_decode_attention(
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
@@ -263,7 +374,9 @@ def create_backend(model_runner) -> RkscCpuAttnBackend:
     if model is not None:
         dtype = RkscConfig.from_env().cpu_linear_dtype
         logger.info("rksc_cpu: %d linears packed in %s", use_packed_linears(model, dtype), dtype)
-    return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env())
+    invariant = invariant_attention()
+    logger.info("rksc_cpu: attention %s", "kernels.causal_attention (invariant)" if invariant else "SDPA")
+    return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env(), invariant)
 
 
 def install() -> None:
@@ -273,6 +386,7 @@ def install() -> None:
     """
     if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         return
+    invariant_attention()  # a bad RKSC_CPU_INVARIANT_ATTENTION stops start-up here
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
 

@@ -1,5 +1,6 @@
-"""The CPU kernels of ``--cpu-linear-dtype int8`` (x86 with AVX-512 VNNI): int8-weight linears and
-a fused residual add + RMSNorm, in ``kernels.cpp``, compiled once per source and torch version into
+"""The CPU kernels of ``--cpu-linear-dtype int8`` (x86 with AVX-512 VNNI): int8-weight linears, a
+fused residual add + RMSNorm, and the invariant causal attention of the ``rksc_cpu`` backend
+(``radix_ext.cpu.attention``), in ``kernels.cpp``, compiled once per source and torch version into
 the user cache; the weight packing, and the calls.
 
 **Why.** A one-stream decode step reads every weight once, and the step's linears are most of its
@@ -153,6 +154,17 @@ def rope_neox(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor)
     """``radix_ext.cpu.decode._rotate`` in one call, bit for bit: x [n, heads * 2h] (rows may be
     strided), cos / sin contiguous [n, 1, h] -> a new contiguous [n, heads * 2h]."""
     return _ops().rope_neox(x, heads, cos, sin)
+
+
+def causal_attention(query: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, table: torch.Tensor,
+                     req_rows: torch.Tensor, row_offsets: torch.Tensor, row_positions: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Causal attention of query rows at given positions of their requests (``kernels.cpp`` says
+    how each row's sums run, so that its output does not depend on the rows computed beside it).
+    query [T, q_heads, D] float32; k_buffer / v_buffer: the pool [slots, kv_heads, D / Dv];
+    table [R, W] int32 (SGLang's ``req_to_token``); req_rows [B] int64; row_offsets [B + 1] int64;
+    row_positions [T] int64 -> [T, q_heads, Dv]."""
+    return _ops().causal_attention(query, k_buffer, v_buffer, table, req_rows, row_offsets, row_positions, scale)
 
 
 def use_fused_norms(model: torch.nn.Module) -> int:

@@ -69,8 +69,17 @@ bench: model
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
 # llama.cpp for `python -m benchmarks.speed --llama-cpp` (optional; compiles from source, minutes here).
-llamacpp: install
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(UV) "llama-cpp-python==0.3.36"
+# Built for this CPU (-march=native) without AMX: a VM may list AMX in cpuid yet not enable its tile
+# state, and ggml's AMX path then dies on its first tile instruction (SIGILL, seen on a Xeon VM).
+# Built once per venv (the stamp), from source every time it is built (no cached wheel of other flags).
+LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_STAMP := $(VENV)/.llamacpp-installed
+llamacpp: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): $(STAMP)
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(UV) --no-cache --reinstall-package llama-cpp-python "llama-cpp-python==0.3.36"
+	touch $(LLAMA_STAMP)
 
 # Re-pin requirements/cpu.lock from the current environment (run after changing what is installed).
 lock:

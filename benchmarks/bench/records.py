@@ -31,8 +31,16 @@ def git_commit() -> str:
         return "unknown"
 
 
-def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, CPU"
+def machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """E.g. ``x86_64, Intel(R) Xeon(R) Processor, 2 cores, CPU``: the processor's model where
+    ``cpuinfo`` names it, since figures from two models of one architecture do not compare."""
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return ", ".join(x for x in (platform.machine(), model, f"{os.cpu_count()} cores", "CPU") if x)
 
 
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:

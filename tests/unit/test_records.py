@@ -2,7 +2,7 @@
 
 import subprocess
 
-from benchmarks.bench.records import git_commit
+from benchmarks.bench.records import git_commit, machine
 
 
 def git(*args, cwd):
@@ -61,3 +61,13 @@ def test_latest_run_takes_each_dataset_from_the_newest_run_that_covers_it(tmp_pa
     # a newer whole run supersedes both
     path.write_text(path.read_text() + "".join(json.dumps({**r, "run_id": "3"}) + "\n" for r in whole))
     assert {r["run_id"] for r in latest_run(path)} == {"3"}
+
+
+def test_machine_names_the_processor_model_where_cpuinfo_has_one(tmp_path):
+    import os
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n")
+    assert machine(info).endswith(f"AMD EPYC 9R14 96-Core Processor, {os.cpu_count()} cores, CPU")
+    assert machine(tmp_path / "absent").endswith(f", {os.cpu_count()} cores, CPU")
+    assert "model" not in machine(tmp_path / "absent")

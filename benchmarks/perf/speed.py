@@ -80,7 +80,7 @@ def engine_overrides(linear_dtype: str = "float32") -> dict[str, dict]:
                "stock": {"attention_backend": "torch_native", "rksc": RkscConfig(seeded_sampling=False)},
                "unseeded": {"rksc": RkscConfig(seeded_sampling=False, cpu_linear_dtype=linear_dtype)}}
     if linear_dtype != "float32":
-        engines["float32"] = {"rksc": RkscConfig()}
+        engines["float32"] = {"rksc": RkscConfig(cpu_linear_dtype="float32")}  # not the default: int8 on VNNI
     return engines
 
 

@@ -29,3 +29,12 @@ def test_the_flag_fails_at_start_up_naming_it(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         speed.main(["--llama-cpp", "--output", "/dev/null"])
     assert exit_.value.code == 2 and "--llama-cpp: llama.cpp died of SIGILL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_the_float32_baseline_runs_float32_linears_whatever_the_default(dtype):
+    # RkscConfig()'s default is int8 on a VNNI CPU: a baseline left to it timed int8 against int8.
+    named = speed.engine_overrides(dtype)
+    linears = {name: overrides["rksc"].cpu_linear_dtype for name, overrides in named.items() if name != "stock"}
+    assert linears == {"ours": dtype, "unseeded": dtype, "float32": "float32"}
+    assert named["stock"]["attention_backend"] == "torch_native"

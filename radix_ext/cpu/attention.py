@@ -225,10 +225,8 @@ class RkscCpuAttnBackend(TorchNativeAttnBackend):
         if self.thread_policy is not None:
             ids = forward_batch.input_ids
             self.thread_policy.apply(ids.shape[0] if ids is not None else forward_batch.batch_size)
-        self._slots_batch = self._rows_batch = None
-        if self.invariant:
-            self._query_rows(forward_batch)
-        elif forward_batch.forward_mode.is_decode():
+        self._slots_batch = self._rows_batch = None  # rows are built at the first layer that needs them
+        if not self.invariant and forward_batch.forward_mode.is_decode():
             self._decode_slots(forward_batch)
 
     def _query_rows(self, forward_batch) -> QueryRows:

@@ -5,8 +5,9 @@ decoded beside other requests of other lengths.
 That is what keeps a benchmark's modes (no cache, stock prefix caching, our cache policies) exact
 with one another under the int8 linears: the linears and norms are row-invariant by construction
 (``radix_ext.cpu.kernels``) and ``kernels.causal_attention`` makes attention so. With SDPA's
-attention instead (``RKSC_CPU_INVARIANT_ATTENTION=0``) the same run differed by up to 8e-4 in a
-log-probability behind a cached prefix, enough to flip a sampled token.
+attention instead (``RKSC_CPU_INVARIANT_ATTENTION=0``) this test fails: a run of the same kind on
+another text read up to 8e-4 apart in a log-probability behind a cached prefix, enough to flip a
+sampled token.
 """
 
 from __future__ import annotations

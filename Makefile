@@ -72,7 +72,7 @@ bench: model
 # Built for this CPU (-march=native) without AMX: a VM may list AMX in cpuid yet not enable its tile
 # state, and ggml's AMX path then dies on its first tile instruction (SIGILL, seen on a Xeon VM).
 # Built once per venv (the stamp), from source every time it is built (no cached wheel of other flags).
-LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CFLAGS := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 LLAMA_STAMP := $(VENV)/.llamacpp-installed
 llamacpp: $(LLAMA_STAMP)
 

@@ -6,11 +6,11 @@ and a C++ compiler). Decode, extend and ASKS blend's kept rows all go through
 ``kernels.causal_attention``: one call per layer, each query row attending to its request's keys
 up to its own position, straight from the KV pool through SGLang's ``req_to_token`` (no gathered
 copies). A row's sums run in an order fixed by its position alone, so its output is the same bits
-whether the row is a fresh prompt's, sits behind a cached prefix, is decoded alone or beside 31
+whether the row is a fresh prompt's, sits behind a cached prefix, is decoded alone or beside
 other requests. With the int8 linears, which are row-invariant too, a token's whole forward pass
 then is: modes that differ only in what they cache or batch (stock prefix caching, no cache, our
 cache policies) compute the same numbers, and a benchmark's comparison between them stays exact.
-SDPA's CPU flash kernel blocks keys by the sequence's length and queries by the batch's, which
+SDPA's CPU flash kernel blocks keys and queries by the sequence's length, which
 moves a row by float rounding (~1e-7), enough for int8's input rounding to flip a sampled token
 (``tests/integration/test_invariance.py``). ``RKSC_CPU_INVARIANT_ATTENTION=0`` keeps SDPA (below).
 

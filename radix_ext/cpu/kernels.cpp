@@ -234,8 +234,8 @@ at::Tensor rope_neox(const at::Tensor& x, int64_t heads, const at::Tensor& cos, 
 // chunks of 16 anchored at position 0, then the values weighted in key order and scaled by 1 / sum.
 // So a row's output is the same bits whether it is computed in a prefill of the whole prompt,
 // behind a cached prefix, alone in a decode step or batched with other requests (SDPA's flash
-// kernel blocks keys by the sequence's length and rows by the batch's; its rows agree with this to
-// float rounding, not bits).
+// kernel blocks keys and queries by the sequence's length; its rows agree with this to float
+// rounding, not bits).
 //
 // q [T, Hq, D] float32 (rows of one request consecutive); k_buf [S, Hk, D], v_buf [S, Hk, Dv]:
 // the KV pool; table [R, W] int32: the pool slot of each position of each request row; req_rows [B]

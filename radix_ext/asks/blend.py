@@ -188,10 +188,8 @@ def _plan_row(req, row, offset, prefix_len, extend_len, cache, state) -> RowPlan
     if decision.outcome != "no-donor":
         state.blend_counters.count(decision)
         return None
-    anchors = state.anchors.get(options.group, ())
     key = RadixKey(token_ids=ids, extra_key=req.extra_key, cache_salt=req.cache_salt)
-    segments = find_segments(anchors, key, prefix_len, len(ids) - settings.fresh_tail, options.group,
-                             tree.anchor_end(req.last_node, options.group)) if anchors else []
+    segments = find_segments(state.index, key, prefix_len, len(ids) - settings.fresh_tail, options.group)
     if not segments:
         state.blend_counters.count(decision)
         return None
@@ -348,8 +346,8 @@ _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksSt
 
 
 def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
-    """AROUND ``PrefillAdder.add_one_req``: a member that may blend (its group has anchors, so a
-    donor can exist), and that the batch being built would chunk (its extend is longer than what
+    """AROUND ``PrefillAdder.add_one_req``: a member that may blend (its group has exact text
+    indexed, so a donor can exist), and that the batch being built would chunk (its extend is longer than what
     is left of the chunk budget), stays in the waiting queue (``CONTINUE`` without adding it:
     later requests may still join), unless the batch is empty or it already waited ``MAX_HOLDS``
     batches. A chunked prefill computes every token; in the next batch it comes earlier and
@@ -359,7 +357,7 @@ def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
     options = getattr(req, OPTIONS_ATTR, None)
     budget = adder.rem_chunk_tokens
     if (options is not None and budget is not None and adder.can_run_list and _live
-            and req.rid in tree.members and _live[0].anchors.get(options.group)
+            and req.rid in tree.members and _live[0].index.has(options.group)
             and _recompute(options, _live[0]) < 1
             and len(req.full_untruncated_fill_ids) - req.prefix_len > budget):
         holds = getattr(req, HOLDS_ATTR, 0)

@@ -282,8 +282,8 @@ def _decide_on_create(req, scheduler, recv_req, cache) -> None:
 
 
 def _register_blend(req, options: AsksOptions | None, reason: str | None, state: "AsksState") -> None:
-    """Blend mode: a prefill-only commit of a group leaves an anchor; a generating member may
-    blend at its prefill (``radix_ext.asks.blend``); a member that cannot says why."""
+    """Blend mode: a prefill-only commit of a group computes its text exactly, for the group; a
+    generating member may blend at its prefill (``radix_ext.asks.blend``); a member that cannot says why."""
     if reason is None and req.sampling_params.max_new_tokens == 0:
         asks_segments.register_commit(req, options.group)
     elif reason is None:
@@ -323,7 +323,7 @@ def _request_level(result, streamer, key, *args, **kwargs):
 @dataclasses.dataclass
 class AsksState:
     """What ASKS keeps per scheduler (on ``RkscRadixCache.asks``): the mode, adopt's gate and
-    counters, blend's settings, counters and anchors (group -> nodes where a commit ended)."""
+    counters, blend's settings, counters and content index (each group's exact text, by window)."""
 
     gate: Gate
     min_tail: int
@@ -332,7 +332,7 @@ class AsksState:
     mode: str = "adopt"
     blend: asks_blend.BlendSettings | None = None
     blend_counters: asks_blend.BlendCounters = dataclasses.field(default_factory=asks_blend.BlendCounters)
-    anchors: dict[str, dict] = dataclasses.field(default_factory=dict)  # group -> {node: None}, oldest first
+    index: asks_segments.ContentIndex = dataclasses.field(default_factory=asks_segments.ContentIndex)
     cache: Any = None  # the RkscRadixCache holding this state (set by it)
 
     def __post_init__(self) -> None:

@@ -80,7 +80,7 @@ class RkscRadixCache(RadixCache):
         self.score_reports = 0
         if getattr(self, "asks", None) is not None:  # the parent's __init__ calls reset first
             self.asks.counters.signatures = self.asks.counters.signature_bytes = 0
-            self.asks.anchors.clear()
+            self.asks.index.clear()
 
     def checkpoint(self, req, *, up_to: int) -> None:
         own_start = req.prefix_len  # before the parent's insert: what the request found cached
@@ -89,7 +89,7 @@ class RkscRadixCache(RadixCache):
             return
         if self.asks is not None:
             if self.asks.mode == "blend":
-                asks_segments.on_checkpoint(self, req, own_start)
+                asks_segments.on_checkpoint(self, req)
             else:
                 self._keep_signature(req)
         tag = request_tag(req)

@@ -77,7 +77,8 @@ def cache_stats(cache) -> dict[str, Any]:
                              "mode": cache.asks.mode,
                              "blend": {**dataclasses.asdict(cache.asks.blend_counters),
                                        **dataclasses.asdict(cache.asks.blend),
-                                       "anchors": sum(len(a) for a in cache.asks.anchors.values())}}
+                                       "indexed_groups": len(cache.asks.index.groups),
+                                       "indexed_windows": cache.asks.index.windows}}
     return stats
 
 

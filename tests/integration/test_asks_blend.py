@@ -143,8 +143,8 @@ class TestDefaultShare:
     def test_a_branch_whose_opening_already_leads_into_other_text_still_blends(self, engines, problem):
         """A member of the group with branch 1's opening first reads another problem, computing
         everything: the chat turn's first tokens after that opening are then cached, and branch 1
-        of the program leaves the cache inside its text, past its anchor. It still finds the
-        text below branch 0's opening (the search starts at its anchor's end)."""
+        of the program leaves the cache inside its text. It still finds the rest of the text
+        after branch 0's opening (found by content, wherever the member leaves the cache)."""
         backend = engines.get("default")
         backend.flush_cache()
         group = f"lead-{uuid.uuid4().hex}"

@@ -51,23 +51,26 @@ def commit(cache, tokens: list[int], group: str | None = GROUP):
     return finish(cache, req)
 
 
-def member(cache, tokens: list[int], group: str = GROUP):
-    """A generating member of ``group`` that computed its prompt exactly (a donor)."""
+def member(cache, tokens: list[int], group: str = GROUP, output: list[int] = (7, 8)):
+    """A generating member of ``group`` that computed its prompt exactly (a donor), and generated
+    ``output`` (all but its last token get KV)."""
     req = admit(cache, tokens)
     setattr(req, asks_segments.MEMBER_ATTR, group)
-    return finish(cache, req, output=[7, 8])
+    return finish(cache, req, output=list(output))
 
 
-def segments_for(cache, tokens: list[int], start: int, group: str = GROUP, fresh_tail: int = 4,
-                 search_from: int | None = None):
+def segments_for(cache, tokens: list[int], start: int, group: str = GROUP, fresh_tail: int = 4):
     key = RadixKey(token_ids=array("q", tokens))
-    return find_segments(cache.asks.anchors.get(group, ()), key, start, len(tokens) - fresh_tail, group, search_from)
+    return find_segments(cache.asks.index, key, start, len(tokens) - fresh_tail, group)
+
+
+def slots_of(cache, tokens: list[int]) -> list[int]:
+    """The KV slots of ``tokens``' cached path."""
+    return cache.path_device_indices(cache.match_prefix(_params(tokens)).last_device_node).tolist()
 
 
 def donor_tree(cache):
-    """Both openings committed, and branch A's whole prompt computed by a member of the group."""
-    commit(cache, HEAD + OPEN_A)
-    commit(cache, HEAD + OPEN_B)
+    """Branch A's whole prompt computed exactly by a member of the group (no commit needed)."""
     member(cache, HEAD + OPEN_A + SHARED + QUESTION)
 
 
@@ -81,39 +84,87 @@ class TestSegments:
         assert segment.start == start
         assert segment.length == len(request) - 4 - start  # up to the fresh tail
         assert segment.delta == len(OPEN_B) - len(OPEN_A)  # request position - donor position
-        donor_slots = cache.path_device_indices(
-            cache.match_prefix(_params(HEAD + OPEN_A + SHARED + QUESTION)).last_device_node)
         first = len(HEAD + OPEN_A)
-        assert segment.donor_slots.tolist() == donor_slots[first: first + segment.length].tolist()
+        donor = slots_of(cache, HEAD + OPEN_A + SHARED + QUESTION)
+        assert segment.donor_slots.tolist() == donor[first: first + segment.length]
 
-    def test_a_request_that_leaves_the_cache_inside_the_text_still_finds_it(self):
-        # A sibling with the same opening left the text's first tokens below that opening (it read
-        # another problem after them): the request's cached prefix runs past its anchor, and the
-        # run below the other opening, found from the anchor's end, is cut where the cache ends.
+    def test_a_run_is_found_mid_text_wherever_the_request_leaves_the_cache(self):
+        cache = make()
+        donor_tree(cache)
+        for cut in (1, 5, 13, 30):
+            request = HEAD + OPEN_B + SHARED[cut:] + QUESTION
+            [segment] = segments_for(cache, request, len(HEAD + OPEN_B))
+            assert segment.start == len(HEAD + OPEN_B) and segment.length == len(SHARED) - cut + len(QUESTION) - 4
+            assert segment.delta == len(HEAD + OPEN_B) - (len(HEAD + OPEN_A) + cut)
+
+    def test_a_label_another_group_computed_after_our_opening_does_not_hide_the_donor(self):
+        # Steady state: a request of another group left our opening followed by a label and its own
+        # text; the member's cached prefix then ends inside the label's node, which our group never
+        # computed, and no anchor begins there.
+        label = [50, 51, 52]
+        cache = make()
+        member(cache, HEAD + OPEN_B + label + [999] * 20, group=OTHER)
+        member(cache, HEAD + OPEN_A + label + SHARED + QUESTION)
+        request = HEAD + OPEN_B + label + SHARED + QUESTION
+        start = len(cache.path_device_indices(cache.match_prefix(_params(request)).last_device_node))
+        assert start == len(HEAD + OPEN_B + label)
+        [segment] = segments_for(cache, request, start)
+        assert segment.start == start and segment.length == len(SHARED) + len(QUESTION) - 4
+        assert segment.delta == len(OPEN_B) - len(OPEN_A)
+
+    def test_a_request_whose_own_earlier_text_is_cached_reuses_the_rest(self):
+        # The same opening cached with the text's first tokens and then other text (an earlier problem).
         cache = make()
         donor_tree(cache)
         member(cache, HEAD + OPEN_B + SHARED[:5] + [999] * 12)
         request = HEAD + OPEN_B + SHARED + QUESTION
-        last = cache.match_prefix(_params(request)).last_device_node
-        start = len(cache.path_device_indices(last))
+        start = len(cache.path_device_indices(cache.match_prefix(_params(request)).last_device_node))
         assert start == len(HEAD + OPEN_B) + 5
-        assert segments_for(cache, request, start) == []  # no anchor's child begins at SHARED[5]
-        anchor = asks_segments.anchor_end(last, GROUP)
-        assert anchor == len(HEAD + OPEN_B) and asks_segments.anchor_end(last, OTHER) is None
-        [segment] = segments_for(cache, request, start, search_from=anchor)
+        [segment] = segments_for(cache, request, start)
         assert segment.start == start and segment.length == len(request) - 4 - start
         assert segment.delta == len(OPEN_B) - len(OPEN_A)
-        donor_slots = cache.path_device_indices(
-            cache.match_prefix(_params(HEAD + OPEN_A + SHARED + QUESTION)).last_device_node)
-        first = len(HEAD + OPEN_A) + 5
-        assert segment.donor_slots.tolist() == donor_slots[first: first + segment.length].tolist()
+
+    def test_generated_text_is_a_donor_for_the_next_agent(self):
+        cache = make()
+        answer = list(range(500, 530))  # what agent A generated
+        member(cache, HEAD + OPEN_A + QUESTION, output=answer + [2])
+        request = HEAD + OPEN_B + QUESTION + [77] + answer + [88] * 5
+        segments = segments_for(cache, request, len(HEAD + OPEN_B))
+        assert [(s.start, s.length) for s in segments] == [(len(HEAD + OPEN_B), len(QUESTION)),
+                                                            (len(HEAD + OPEN_B + QUESTION) + 1, len(answer))]
+        assert segments[1].delta == 1 + len(OPEN_B) - len(OPEN_A)
+
+    def test_a_run_split_across_two_donors_takes_each_part_from_its_own(self):
+        cache = make()
+        doc_a, doc_b = list(range(300, 330)), list(range(400, 430))
+        member(cache, HEAD + OPEN_A + doc_a + [5] * 9)
+        member(cache, HEAD + OPEN_A + [6] * 9 + doc_b + [5] * 9)
+        request = HEAD + OPEN_B + doc_a + doc_b + QUESTION
+        first, second = segments_for(cache, request, len(HEAD + OPEN_B))
+        assert (first.start, first.length) == (len(HEAD + OPEN_B), len(doc_a))
+        assert (second.start, second.length) == (len(HEAD + OPEN_B + doc_a), len(doc_b))
+        assert second.delta == len(HEAD + OPEN_B + doc_a) - len(HEAD + OPEN_A + [6] * 9)
+
+    def test_the_occurrence_after_the_same_preceding_text_wins(self):
+        cache = make()
+        doc = list(range(400, 430))
+        near = HEAD + [6] * 9 + OPEN_B[-1:]  # the request's last token before the document
+        member(cache, near + doc + [5] * 9)
+        member(cache, HEAD + OPEN_A + doc + [5] * 9)  # newer, but after another token
+        [segment] = segments_for(cache, HEAD + OPEN_B + doc + QUESTION, len(HEAD + OPEN_B))
+        assert segment.context == 1 and segment.delta == len(HEAD + OPEN_B) - len(near)
+        assert segment.length == len(doc)
+        cache = make()
+        member(cache, HEAD + OPEN_A + doc + [5] * 9)
+        [segment] = segments_for(cache, HEAD + OPEN_B + doc + QUESTION, len(HEAD + OPEN_B))
+        assert segment.context == 0 and segment.delta == len(OPEN_B) - len(OPEN_A)
 
     def test_another_groups_text_is_never_a_donor(self):
         cache = make()
         donor_tree(cache)
         assert segments_for(cache, HEAD + OPEN_B + SHARED + QUESTION, len(HEAD + OPEN_B), group=OTHER) == []
 
-    def test_text_another_client_computed_below_our_anchor_is_never_a_donor(self):
+    def test_text_another_client_computed_is_never_a_donor(self):
         cache = make()
         commit(cache, HEAD + OPEN_A, GROUP)
         commit(cache, HEAD + OPEN_A + SHARED + QUESTION, None)  # a request of no group, same prefix
@@ -144,31 +195,59 @@ class TestSegments:
         request = HEAD + OPEN_B + SHARED[: asks_segments.MIN_SEGMENT - 1] + [999] * 20
         assert segments_for(cache, request, len(HEAD + OPEN_B)) == []
 
-    def test_evicted_anchors_leave_the_registry_and_reset_clears_it(self):
+
+class TestContentIndex:
+    def test_a_path_is_indexed_once_however_often_it_is_checkpointed(self):
         cache = make()
         donor_tree(cache)
-        assert cache.asks.anchors[GROUP]
+        windows = cache.asks.index.windows
+        assert windows == len(HEAD + OPEN_A + SHARED + QUESTION) + 1 - asks_segments.WINDOW + 1  # + output
+        donor_tree(cache)
+        commit(cache, HEAD + OPEN_A + SHARED)  # a prefix of what is indexed
+        assert cache.asks.index.windows == windows
+
+    def test_eviction_drops_a_nodes_windows_and_the_group_goes_with_its_last(self):
+        cache = make()
+        donor_tree(cache)
+        assert cache.asks.index.has(GROUP)
         cache.evict(EvictParams(num_tokens=10_000))
-        assert GROUP not in cache.asks.anchors  # the group goes with its last anchor
+        assert not cache.asks.index.has(GROUP) and cache.asks.index.windows == 0
         donor_tree(cache)
         cache.reset()
-        assert cache.asks.anchors == {}
+        assert cache.asks.index.groups == {} and cache.asks.index.windows == 0
 
-    def test_a_group_keeps_at_most_its_newest_anchors(self, monkeypatch):
-        monkeypatch.setattr(asks_segments, "MAX_ANCHORS_PER_GROUP", 3)
+    def test_a_group_keeps_its_newest_windows_within_its_bound(self, monkeypatch):
+        monkeypatch.setattr(asks_segments, "MAX_WINDOWS_PER_GROUP", 20)
         cache = make()
-        for i in range(5):
-            commit(cache, HEAD + [60 + i, 61 + i])
-        kept = list(cache.asks.anchors[GROUP])
-        assert [len(cache.path_device_indices(n)) for n in kept] == [5, 5, 5] and len(kept) == 3
-        assert [n.key.token_ids[0] for n in kept] == [62, 63, 64]  # the oldest two dropped
+        member(cache, HEAD + list(range(300, 340)))
+        member(cache, HEAD + list(range(400, 440)))
+        assert cache.asks.index.groups[GROUP].live == 20
+        assert segments_for(cache, HEAD + OPEN_B + list(range(300, 340)) + QUESTION, len(HEAD + OPEN_B)) == []
+        [segment] = segments_for(cache, HEAD + OPEN_B + list(range(400, 440)) + QUESTION, len(HEAD + OPEN_B))
+        assert segment.start > len(HEAD + OPEN_B)  # the first windows of the newest text went too
 
-    def test_split_nodes_keep_the_group_mark(self):
+    def test_past_the_total_bound_the_least_recently_indexed_group_goes_first(self, monkeypatch):
+        monkeypatch.setattr(asks_segments, "MAX_WINDOWS", 40)
+        cache = make()
+        member(cache, HEAD + list(range(300, 340)), group=OTHER)
+        member(cache, HEAD + list(range(400, 440)))
+        groups = cache.asks.index.groups
+        assert cache.asks.index.windows == 40 and groups[GROUP].live == 37 and groups[OTHER].live == 3
+        assert list(groups) == [OTHER, GROUP]  # the least recently indexed first
+
+    def test_split_nodes_stay_visible_and_their_windows_move_with_their_tokens(self):
         cache = make()
         donor_tree(cache)
         commit(cache, HEAD + OPEN_A + SHARED[:5] + [555], GROUP)  # splits the donor's node
+        commit(cache, HEAD + OPEN_A + SHARED[:20] + [556], OTHER)  # and again, by another group
         [segment] = segments_for(cache, HEAD + OPEN_B + SHARED + QUESTION, len(HEAD + OPEN_B))
         assert segment.length == len(SHARED) + len(QUESTION) - 4
+        first = len(HEAD + OPEN_A)
+        assert segment.donor_slots.tolist() == slots_of(cache, HEAD + OPEN_A + SHARED + QUESTION)[
+            first: first + segment.length]
+        for window in [w for ws in cache.asks.index.groups[GROUP].places.values() for w in ws]:
+            start = getattr(window.node, asks_segments.START_ATTR)
+            assert start <= window.pos < start + len(window.node.key)
 
 
 def _params(tokens):
@@ -378,18 +457,18 @@ class TestHold:
         from radix_ext.asks.blend import MAX_HOLDS
 
         cache, _, held = held
-        commit(cache, HEAD + OPEN_A)
+        commit(cache, HEAD + OPEN_A + SHARED)
         req = self.Req("r")
         assert [held(req) for _ in range(MAX_HOLDS + 1)] == [True] * MAX_HOLDS + [False]
 
-    def test_a_member_of_a_group_without_anchors_is_never_delayed(self, held):
+    def test_a_member_of_a_group_without_indexed_text_is_never_delayed(self, held):
         cache, _, held = held
-        commit(cache, HEAD + OPEN_A, group=OTHER)
+        commit(cache, HEAD + OPEN_A + SHARED, group=OTHER)
         assert not held(self.Req("r"))
 
     def test_nothing_is_held_when_it_fits_or_computes_everything_or_the_batch_is_empty(self, held):
         cache, adder, held = held
-        commit(cache, HEAD + OPEN_A)
+        commit(cache, HEAD + OPEN_A + SHARED)
         assert not held(self.Req("whole", recompute=1.0))
         adder.rem_chunk_tokens = 400
         assert not held(self.Req("fits"))

@@ -9,6 +9,10 @@ runtime's seeded sampler honours it, stock SGLang ignores it) and rksc-sgl's per
 ``extra_body`` (here the branch's RSBCM depth and score; see the README's "per-request options").
 The branches share their prompt, so the server's radix cache serves it after the first one: the
 report shows the prompt tokens each call found cached. The answer is the branches' majority.
+``--asks-group G`` sends every call with the routing key ``rksc-asks:G`` (an ASKS group: a server
+with ``--asks`` lets the calls reuse each other's KV after other openings, and sglang-router keeps
+them on one worker; see docs/serving.md, "Agent frameworks"), and the report adds each call's
+ASKS decision, which litellm (under ``dspy.LM``) keeps in ``provider_specific_fields``.
 
 Standalone on purpose: it imports DSPy and the standard library only, as an agent framework's code
 would. ``--json`` prints the report as one JSON object.
@@ -47,13 +51,14 @@ def build(url: str, max_tokens: int, temperature: float):
     return lm, dspy.ChainOfThought(Solve)
 
 
-def solve(program, lm, question: str, branches: int, seed: int, options: dict) -> dict:
+def solve(program, lm, question: str, branches: int, seed: int, options: dict, headers: dict | None = None) -> dict:
     """``branches`` seeded calls on one question; their answers, the majority, and cache use."""
     answers, calls = [], []
     for b in range(branches):
         before = len(lm.history)
         try:
-            pred = program(question=question, config={"seed": seed + b, "extra_body": options})
+            config = {"seed": seed + b, "extra_body": options, **({"extra_headers": headers} if headers else {})}
+            pred = program(question=question, config=config)
             answers.append(str(pred.answer).strip())
         except Exception as e:  # a 135M model does not always keep DSPy's output format
             answers.append(None)
@@ -62,11 +67,20 @@ def solve(program, lm, question: str, branches: int, seed: int, options: dict) -
             usage = entry.get("usage") or {}
             details = usage.get("prompt_tokens_details") or {}
             outputs = entry.get("outputs") or [None]
-            calls.append({"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": details.get("cached_tokens"),
-                           "output": outputs[0] if isinstance(outputs[0], str) else str(outputs[0])})
+            call = {"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": details.get("cached_tokens"),
+                    "output": outputs[0] if isinstance(outputs[0], str) else str(outputs[0])}
+            asks = asks_report(entry.get("response"))
+            calls.append(call if asks is None else {**call, "asks": asks})
     votes = collections.Counter(a for a in answers if a)
     return {"question": question, "answers": answers, "majority": votes.most_common(1)[0][0] if votes else None,
             "calls": calls}
+
+
+def asks_report(response) -> dict | None:
+    """A call's ASKS decision (the server's ``rksc_asks`` on the choice), if it has one."""
+    choices = getattr(response, "choices", None) or [None]
+    fields = getattr(choices[0], "provider_specific_fields", None) or {}
+    return fields.get("rksc_asks")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--extra-body", default='{"custom_params": {"rksc": {"depth": 1, "score": 0.5}}}',
                    help="JSON object sent as every call's extra_body (default: %(default)s)")
+    p.add_argument("--asks-group", default=None,
+                   help="an ASKS group for every call, sent as the routing key rksc-asks:<group>")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = p.parse_args(argv)
     if args.branches < 1 or not 1 <= args.questions <= len(QUESTIONS):
@@ -91,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--extra-body must be a JSON object")
 
     lm, program = build(args.url, args.max_tokens, args.temperature)
-    report = [solve(program, lm, q, args.branches, args.seed, options) for q in QUESTIONS[:args.questions]]
+    # The ASKS group in sglang-router's routing-key header (rksc_sgl.protocol.asks_routing_key, not
+    # imported: this program needs DSPy only): the one place a chat request's group passes the router.
+    headers = {"X-SMG-Routing-Key": f"rksc-asks:{args.asks_group}"} if args.asks_group else None
+    report = [solve(program, lm, q, args.branches, args.seed, options, headers) for q in QUESTIONS[:args.questions]]
     if args.json:
         print(json.dumps({"questions": report}))
     else:

@@ -22,7 +22,8 @@ radix cache is built, so registrations made here are visible where the cache is 
 * CGEE's early-exit verification forward and its request hooks (``radix_ext.cgee``);
 * seeded, batch-invariant sampling for SGLang's ``pytorch`` sampling backend
   (``radix_ext.sampling``);
-* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``);
+* with ``--asks``, ASKS's capture, decision and report hooks (``radix_ext.asks``), and its report
+  on the OpenAI routes' responses (``radix_ext.ops.openai_reports``);
 * the confident early stop: trace-confidence stops, group votes and the stamping of ``n > 1``
   children with their group and own seeds (``radix_ext.stop``);
 * the scheduler's freed heap returned to the OS when it is idle (``radix_ext.cpu.heap_trim``).
@@ -86,6 +87,9 @@ def load() -> None:
         from radix_ext.asks import decision  # ASKS: span signatures, the decision, its report
 
         decision.install()
+        from radix_ext.ops import openai_reports  # the report on /v1/chat/completions, /v1/completions
+
+        openai_reports.install()
     if config.seeded_sampling:
         from radix_ext.sampling import sampler  # seeded, batch-invariant sampling on the CPU's backend
 

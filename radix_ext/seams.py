@@ -16,7 +16,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
     from radix_ext import model_stack
     from radix_ext.cgee import requests as exit_requests
     from radix_ext.cpu import heap_trim
-    from radix_ext.ops import batch_guards, introspection, metrics, request_guards
+    from radix_ext.ops import batch_guards, introspection, metrics, openai_reports, request_guards
     from radix_ext.sampling import sampler
     from radix_ext.stop import abort_children, groups, stopper as early_stop
 
@@ -77,6 +77,12 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
             "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_prefix_lens_cpu",
             "sglang.srt.model_executor.forward_batch_info.ForwardBatch.extend_seq_lens_cpu",
             f"{_RESIDUAL}.snapshot",
+        ),
+        "ASKS on the OpenAI routes (group, report)": (
+            openai_reports.CHAT_CONVERT_TARGET, openai_reports.COMPLETION_CONVERT_TARGET,
+            openai_reports.CHAT_RESPONSE_TARGET, openai_reports.COMPLETION_RESPONSE_TARGET,
+            *openai_reports.CHUNK_OBJECTS, openai_reports.GENERATE_TARGET,
+            *(name for pair in openai_reports.RESPONSE_CLASSES for name in pair),
         ),
         "early stop (trace confidence, group votes)": (
             early_stop.SAMPLING_VERIFY, early_stop.VALIDATE_TARGET, early_stop.CREATE_REQ, early_stop.ADD_TO_QUEUE,

@@ -14,7 +14,9 @@ Routing (``--policy``):
   request of a program carries the program's key in ``X-SMG-Routing-Key`` (``RkscEndpoint`` sends
   it), the router pins each new key to the worker with the fewest keys in flight (ties at random)
   and keeps it there, so a program's forks meet their shared prefix in that worker's radix tree.
-  Requests without the key are spread at random.
+  Agents of an ASKS group on the OpenAI routes send the key ``rksc-asks:<group>``
+  (``protocol.asks_routing_key``), which keeps the group on one worker and names the group there.
+  Requests without a key are spread at random.
 * ``cache_aware``: the router's prefix-match approximation (``--cache-threshold``, load balance):
   forks usually, not always, land with their prefix.
 * any other sglang-router policy (``round_robin``, ``random``, ``power_of_two``).

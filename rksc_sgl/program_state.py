@@ -20,12 +20,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from rksc_sgl.protocol import BranchTag
+from rksc_sgl.protocol import ROUTING_KEY_HEADER, BranchTag  # noqa: F401 (the header: the backends import it here)
 
 OPTIONS_ATTR = "_rksc_options"  # on a StreamExecutor: what its gens add to the request
 PROGRAM_ATTR = "_rksc_program_key"  # on a StreamExecutor: its program's routing key
-# sglang-router's header for sticky routing (its ``manual`` policy pins each key to one worker).
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
 
 def branch_options(state, *, sampling_seed: int | None = None, depth: int | None = None,

@@ -13,7 +13,10 @@ these checks where SGLang validates sampling parameters, so a malformed entry is
   early exit (CGEE level 2);
 * ``"rksc_asks"`` (``ASKS_KEY``): ``AsksOptions``, a request's ASKS substitution group
   (``{"group": "<id>"}``: without one a request is never rewritten) and its opt-out
-  (``{"enabled": false}``).
+  (``{"enabled": false}``). On the OpenAI routes the group may come instead in sglang-router's
+  routing-key header (``ROUTING_KEY_HEADER``) as ``asks_routing_key(group)``, which pins the
+  group to one worker behind the router and reaches the worker where ``custom_params`` may not
+  (sglang-router 0.3.2 drops it from chat requests); a group in ``custom_params`` wins.
 
 The early stop's entries (``rksc_group``, ``rksc_conf_stop``, ``rksc_group_policy``) and its
 ``rksc_stop`` report are in ``rksc_sgl.stop_options``, parsed by the same helpers.
@@ -65,6 +68,8 @@ CGEE_KEY = "rksc_cgee"  # {"tau_conf", "margin", "theta", "epsilon", "min_layer"
 SAMPLE_MARGIN_KEY = "rksc_sample_margin"
 DECODE_KEY = "rksc_decode"  # internal state: decode steps by path (radix_ext.cpu.decode.stats)
 ASKS_KEY = "rksc_asks"  # request option (AsksOptions) and meta_info report (radix_ext.asks.decision)
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's sticky key (its manual policy pins each to one worker)
+ASKS_ROUTING_PREFIX = "rksc-asks:"  # a routing key that names an ASKS group (asks_routing_key)
 
 
 def custom_params_entry(custom_params: Any, key: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
@@ -239,6 +244,26 @@ class AsksOptions:
     def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
         values = custom_params_entry(custom_params, ASKS_KEY, ("enabled", "group", "recompute"))
         return cls() if values is None else cls(**values)
+
+
+def asks_routing_key(group: str) -> str:
+    """The routing key (``ROUTING_KEY_HEADER``) of ASKS group ``group``'s requests on the OpenAI
+    routes: behind sglang-router it keeps the group on one worker, and names the group there."""
+    AsksOptions(group=group)  # ValueError naming the field
+    return ASKS_ROUTING_PREFIX + group
+
+
+def group_of_routing_key(key: Any) -> str | None:
+    """The ASKS group a routing key names (``asks_routing_key``), None if it names none;
+    ValueError if the group after the prefix is not a valid one."""
+    if not isinstance(key, str) or not key.startswith(ASKS_ROUTING_PREFIX):
+        return None
+    group = key[len(ASKS_ROUTING_PREFIX):]
+    try:
+        return AsksOptions(group=group).group
+    except ValueError:
+        raise ValueError(f"{ROUTING_KEY_HEADER}: {ASKS_ROUTING_PREFIX!r} must be followed by an ASKS group of 1 to "
+                         f"{GROUP_MAX_CHARS} characters, got {group!r}") from None
 
 
 def child_seed(seed: int, index: int) -> int:

@@ -1,4 +1,5 @@
-"""The scheduler gives its freed heap back to the OS (glibc's ``malloc_trim``) when it is idle.
+"""The scheduler gives its freed heap back to the OS (glibc's ``malloc_trim``) when it is idle, on a
+thread of its own.
 
 **Why.** A CPU forward allocates its activations on the host heap, with sizes that change every
 step (the batch's rows). glibc serves allocations above its mmap threshold with ``mmap`` and
@@ -12,14 +13,37 @@ server (``benchmarks.soak`` at b41f8e0, 30 minutes of unbroken load) each of its
 23-31 MB; the scheduler's steady growth beside them was oneDNN's primitive caches, now capped
 (``radix_ext/cpu/speed.py``).
 
-**What.** An AFTER hook on ``Scheduler.on_idle`` calls ``malloc_trim(0)`` once the scheduler is
-fully idle and ``interval_s`` passed since the last trim; an AFTER hook on
+**What.** An AFTER hook on ``Scheduler.on_idle`` starts a trim once the scheduler is fully idle
+and ``interval_s`` passed since the last trim ended; an AFTER hook on
 ``Scheduler.process_batch_result`` does the same under unbroken load every ``busy_factor *
-interval_s``. The allocation policy itself (glibc's dynamic threshold, which keeps a decode
-step's allocations off ``mmap``) is untouched, so a step costs what it did. Off with
+interval_s``. The hook only hands the trim to the ``rksc-heap-trim`` daemon thread (which the
+first trim starts, waiting only for it to start) and returns: the scheduler's loop never calls
+``malloc_trim``, never waits for one to return, and starts none while one runs. The allocation
+policy itself (glibc's dynamic threshold, which keeps a decode step's allocations off ``mmap``) is
+untouched, so a step costs what it did. Off with
 ``RKSC_HEAP_TRIM_S=0``; on other C libraries than glibc it does nothing. The internal-state
-readback (``/server_info``) gains ``rksc_heap_trim``: trims, resident memory they released, and
-the longest one.
+readback (``/server_info``) gains ``rksc_heap_trim``: trims, resident memory they released (read
+around the call, so the loop's own allocations meanwhile blur it), the longest one (its time on
+the trim thread), whether one is running and the thread the last one ran on.
+
+**What still holds the loop.** ctypes releases the GIL for the call, so the loop's Python runs on,
+but glibc's ``malloc_trim`` takes each arena's mutex in turn and, under it, consolidates the
+arena, walks its free chunks and ``madvise(MADV_DONTNEED)``s their whole pages. ``malloc_trim(pad)``
+bounds none of that (``pad`` is only what stays at the top of the main heap), and glibc has no
+partial trim. A ``malloc`` of the loop's thread (glibc's main arena, where its forwards' freed
+activations lie) waits while that arena is trimmed, not while the others are; so a request that
+arrives during a trim can still wait for the main arena's part of it, where it waited for the
+whole trim before. Seen on a 2-core machine shared with other work (load average 3-7), heaps
+fragmented by 1,200-1,500 steps of 1..256 rows, the trim on a daemon thread and the main thread
+allocating a step's activation in a loop (``malloc_trim(0)`` on the main thread itself took
+7.5-49.7 ms and released 93-153 MiB): with the fragments in the main arena, the loop's longest gap
+was 6.8-42.9 ms within trims of 12.0-42.8 ms (67-158 MiB), half the trim to all of it (in 3 of 9
+it made no allocation until the trim ended); with them in another thread's arena, 4.1-11.5 ms
+within trims of 15.8-33.9 ms (521-806 allocations inside them), and once a 459 ms gap around a
+449 ms trim; alone, the loop's longest gaps were 12-132 ms. A fixed mmap threshold
+(``mallopt(M_MMAP_THRESHOLD, 128 KiB)``), which keeps activations off the heap and leaves little
+to trim, made a pass of float32 linears of SmolLM2-135M's shapes slower there (8 layers, runs
+interleaved: 8.6 and 12.6 s against 6.8 and 6.9 s), so glibc's dynamic threshold stays.
 """
 
 from __future__ import annotations
@@ -28,6 +52,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import queue
+import threading
 import time
 from typing import Any, Callable
 
@@ -39,6 +65,7 @@ INTERVAL_ENV = "RKSC_HEAP_TRIM_S"
 DEFAULT_INTERVAL_S = 30.0
 BUSY_FACTOR = 10  # under unbroken load, trim every BUSY_FACTOR * interval_s
 STATE_KEY = "rksc_heap_trim"
+TRIM_THREAD = "rksc-heap-trim"  # the daemon thread every trim runs on
 
 
 def resident_anonymous_bytes() -> int | None:
@@ -65,7 +92,8 @@ def glibc_trim() -> Callable[[], Any] | None:
 
 
 class HeapTrimmer:
-    """When to trim, and what trimming released."""
+    """When to trim (decided on the scheduler's loop), the trim itself (on its own thread), and
+    what trimming released."""
 
     def __init__(self, interval_s: float, trim: Callable[[], Any] | None,
                  clock: Callable[[], float] = time.monotonic,
@@ -77,31 +105,70 @@ class HeapTrimmer:
         self.trims = 0
         self.released_bytes = 0
         self.longest_s = 0.0
+        self.thread_name: str | None = None  # the thread the last trim ran on
+        self._inbox: queue.SimpleQueue | None = None  # the trim thread's, made at the first trim
+        self._idle = threading.Event()  # set while no trim is running
+        self._idle.set()
 
     @property
     def enabled(self) -> bool:
         return self.interval_s > 0 and self.trim is not None
 
+    @property
+    def running(self) -> bool:
+        return not self._idle.is_set()
+
     def maybe_trim(self, busy: bool) -> bool:
-        """Trim if the interval for this state (idle, or ``busy``) has passed; True if it did."""
-        if not self.enabled:
+        """Start a trim on the trim thread if the interval for this state (idle, or ``busy``) has
+        passed since the last one ended and none is running; True if it started one. Returns
+        without waiting for it."""
+        if not self.enabled or self.running:
             return False
         now = self.clock()
         if now - self.last < self.interval_s * (BUSY_FACTOR if busy else 1):
             return False
-        before = self.resident()
+        self.last = now
+        self._idle.clear()
+        if self._inbox is None:
+            self._inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._inbox,), name=TRIM_THREAD, daemon=True).start()
+        self._inbox.put(now)
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no trim is running; False if ``timeout`` passed first (for tests and tools)."""
+        return self._idle.wait(timeout)
+
+    def forget_thread(self) -> None:
+        """In a forked child, which has no trim thread: the next trim starts a new one."""
+        self._inbox = None
+        self._idle.set()
+
+    def _serve(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            inbox.get()
+            try:
+                self._trim_once()
+            except Exception:  # a failed trim must not end the thread, nor leave `running` set
+                logger.exception("heap trim failed")
+            finally:
+                self._idle.set()
+
+    def _trim_once(self) -> None:
+        start, before = self.clock(), self.resident()
         self.trim()
-        after = self.resident()
-        self.last = end = self.clock()
+        after, end = self.resident(), self.clock()
+        self.last = end  # the interval counts from the end of the trim
         self.trims += 1
-        self.longest_s = max(self.longest_s, end - now)
+        self.longest_s = max(self.longest_s, end - start)
+        self.thread_name = threading.current_thread().name
         if before is not None and after is not None:
             self.released_bytes += max(0, before - after)
-        return True
 
     def state(self) -> dict[str, Any]:
         return {"interval_s": self.interval_s, "enabled": self.enabled, "trims": self.trims,
-                "released_mb": round(self.released_bytes / 2**20, 1), "longest_ms": round(self.longest_s * 1e3, 1)}
+                "released_mb": round(self.released_bytes / 2**20, 1), "longest_ms": round(self.longest_s * 1e3, 1),
+                "running": self.running, "thread": self.thread_name}
 
 
 def interval_from_env() -> float:
@@ -147,6 +214,7 @@ def install() -> None:
         logger.info("heap trim off (%s=%s, malloc_trim %s)", INTERVAL_ENV, trimmer.interval_s,
                     "found" if trimmer.trim else "not found: not glibc")
         return
+    os.register_at_fork(after_in_child=trimmer.forget_thread)
     HookRegistry.register(ON_IDLE, _after_idle, HookType.AFTER)
     HookRegistry.register(PROCESS_BATCH_RESULT, _after_batch, HookType.AFTER)
     HookRegistry.register(introspection.TARGET, _add_state, HookType.AFTER)

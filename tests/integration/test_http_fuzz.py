@@ -265,7 +265,11 @@ def test_a_client_that_walks_away_from_an_n16_request_leaves_no_child(server_url
 
 def test_the_idle_scheduler_gives_its_freed_heap_back(server_url):
     """``radix_ext.cpu.heap_trim``: the scheduler (this server's trim interval is 2 s: tests/conftest.py)
-    calls ``malloc_trim`` once it has been idle for the interval, and says so in ``/server_info``."""
+    has ``malloc_trim`` called once it has been idle for the interval, on its trim thread, not on its
+    loop, and says so in ``/server_info``. No bound on the trim's milliseconds: a loaded machine
+    stretches them (20,166 ms seen once), and the loop neither calls the trim nor waits for it to
+    return (``tests/unit/test_heap_trim.py`` holds a trim open and sees the loop's hook return; what
+    the loop can still wait on, the main arena's lock, is in ``radix_ext/cpu/heap_trim.py``)."""
     assert good(server_url, 0).status_code == 200
     deadline, state = time.monotonic() + 60, {}
     while time.monotonic() < deadline:
@@ -274,4 +278,4 @@ def test_the_idle_scheduler_gives_its_freed_heap_back(server_url):
             break
         time.sleep(0.5)
     assert state["enabled"] and state["interval_s"] == 2.0
-    assert state["trims"] >= 1 and state["released_mb"] >= 0 and state["longest_ms"] < 5000, state
+    assert state["trims"] >= 1 and state["released_mb"] >= 0 and state["thread"] == "rksc-heap-trim", state

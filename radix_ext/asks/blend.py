@@ -21,9 +21,12 @@ written into the request's own slots, and the attention backend (``radix_ext.cpu
 ``BlendView``) lets each kept row attend to its whole row of the KV pool up to its own position.
 
 At ``r = 1`` nothing is reduced and the forward is SGLang's layer loop: the request's tokens and
-KV are exactly exact's. Below 1, the request's KV is approximate, so it never enters the tree
-(``req.skip_radix_cache_insert``): its slots are freed when it finishes, and no other request,
-of its group or not, ever matches them. Every blended request reports what it reused and
+KV are exactly exact's. Below 1, the request's KV from its first reused token on is approximate,
+so it never enters the tree: ``RkscRadixCache.checkpoint`` inserts only the tokens before it
+(``EXACT_LEN_ATTR``: the cached prefix, the opening, the leading tokens computed in full, whose
+rows are the same bits as in a full forward, since every row depends only on the rows before it),
+so a long-lived opening is cached for later requests; the rest of its slots are freed when it
+finishes, and no other request, of its group or not, ever matches them. Every blended request reports what it reused and
 recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks.decision``) and the counters feed
 ``/metrics``.
 
@@ -58,6 +61,9 @@ logger = logging.getLogger(__name__)
 # On a Req: its ASKS decision, a BlendDecision here or radix_ext.asks's Decision (which reports both).
 DECISION_ATTR = "rksc_asks_decision"
 ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
+# On a blended Req: how many of its first tokens hold exact KV (the rest of its row is approximate or
+# computed after it, and never enters the tree: ``RkscRadixCache.checkpoint`` inserts only these).
+EXACT_LEN_ATTR = "rksc_blend_exact_len"
 HOLDS_ATTR = "rksc_blend_holds"  # on a member Req: prefill batches it waited out so as not to be chunked
 MAX_HOLDS = 4  # then it is chunked as SGLang would (and computes every token)
 
@@ -75,6 +81,7 @@ class BlendDecision:
     recomputed_tokens: int = 0  # covered by a donor, recomputed anyway (selected)
     deviating_tokens: int = 0  # of the covered, those past the gate (--asks-max-deviation)
     max_deviation: float = math.inf  # the gate this request's selection applied (inf: none)
+    exact_tokens: int | None = None  # its first tokens whose KV is exact (they enter the tree); None: all
     counted: bool = False
 
     adopted = False  # the adopt-mode interface of radix_ext.asks._report
@@ -85,7 +92,7 @@ class BlendDecision:
                 "prompt_tokens": self.prompt_tokens, "segments": self.segments,
                 "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
                 "max_deviation": self.max_deviation if math.isfinite(self.max_deviation) else None,
-                "deviating_tokens": self.deviating_tokens}
+                "deviating_tokens": self.deviating_tokens, "exact_tokens": self.exact_tokens}
 
 
 @dataclasses.dataclass
@@ -295,8 +302,10 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         skipped_rows.append(rows[~chosen])
         skipped_donors.append(donors[~chosen])
         skipped_deltas.append(deltas[~chosen])
-        if plan.decision.reused_tokens:
-            plan.req.skip_radix_cache_insert = True  # approximate KV never enters the tree
+        if plan.decision.reused_tokens:  # approximate KV never enters the tree; what precedes it may
+            exact = plan.prefix_len + int(rows[~chosen].min()) - plan.offset
+            plan.decision.exact_tokens = exact
+            setattr(plan.req, EXACT_LEN_ATTR, exact)
         state.blend_counters.count(plan.decision)
     if bool(keep.all()):  # everything recomputed: SGLang's loop on its own stream, exact
         state.blend_counters.seconds += time.perf_counter() - started

@@ -20,7 +20,9 @@ Overrides of RadixCache, each pinned by ``tests/unit/test_backend_tree.py``:
 * ``__init__``: SGLang's strategy table is private, so under ``rsbcm`` the parent is built with
   ``lru`` and the strategy replaced afterwards;
 * ``checkpoint``: the parent's, then the tagging above (``req.last_node`` is then the deepest
-  node of the request's path);
+  node of the request's path); a request ASKS blend served inserts only its tokens before the
+  first whose KV came from a donor (``radix_ext.asks.blend.EXACT_LEN_ATTR``), the rest being freed
+  at release as the parent frees what it did not insert;
 * ``_split_node``: the new upper node holds a prefix of the same branch, so it inherits depth and
   score;
 * ``reset``: clears the report counter (the metadata lives on nodes and goes with them).
@@ -84,6 +86,11 @@ class RkscRadixCache(RadixCache):
 
     def checkpoint(self, req, *, up_to: int) -> None:
         own_start = req.prefix_len  # before the parent's insert: what the request found cached
+        exact = getattr(req, asks_blend.EXACT_LEN_ATTR, None)  # a blended request: only its exact part
+        if exact is not None:
+            if exact <= req.kv.cache_protected_len:
+                return
+            up_to = min(up_to, exact)
         super().checkpoint(req, up_to=up_to)
         if self.disable:
             return

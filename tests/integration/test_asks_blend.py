@@ -120,13 +120,16 @@ class TestDefaultShare:
 
     def test_approximate_kv_never_enters_the_tree(self, default, problem):
         """A blended branch's prompt, sent again by a request of no group, finds only what was
-        computed exactly (the chat head and the branch's opening), never its blended tail."""
+        computed exactly (the chat head, the branch's opening and the tokens before its first
+        reused one), never its blended tail."""
         backend, _group, _result, _ = default
         head = backend.chat_template.get_prefix_and_suffix("system", [])[0]
         opening_tokens = backend.prefill(head + EVAL.paraphrases[1])["prompt_tokens"]
         prompt = prompt_text(backend.chat_template, EVAL.paraphrases[1], user_prompt(problem[0], problem[1]))
         meta = backend.prefill(prompt)
-        assert meta["cached_tokens"] <= opening_tokens < meta["prompt_tokens"] // 2, (meta, opening_tokens)
+        exact_tokens = _result.branches[1].asks["exact_tokens"]  # its opening and what it computed in full
+        assert opening_tokens <= meta["cached_tokens"] == exact_tokens < meta["prompt_tokens"] // 2, (
+            meta, opening_tokens, exact_tokens)
         assert_no_kv_leak(backend)
 
     def test_another_groups_tail_is_never_reused(self, default, problem):

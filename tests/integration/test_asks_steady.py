@@ -41,13 +41,17 @@ def stories():
     return [p for p in problems if 150 < len(p.passage.split()) < 260][: WARM_PROBLEMS + 2]
 
 
-def ask(backend, group: str | None, system: str, user: str, max_new_tokens: int = 1) -> dict:
-    """One chat turn as a member of ``group`` (None: no group): its meta_info."""
+def _text(backend, system: str, user: str) -> str:
     template = backend.chat_template
     prefix, suffix = template.get_prefix_and_suffix("system", [])
     user_prefix, user_suffix = template.get_prefix_and_suffix("user", [])
-    text = prefix + system + suffix + user_prefix + user + user_suffix + template.get_prefix_and_suffix(
+    return prefix + system + suffix + user_prefix + user + user_suffix + template.get_prefix_and_suffix(
         "assistant", [])[0]
+
+
+def ask(backend, group: str | None, system: str, user: str, max_new_tokens: int = 1) -> dict:
+    """One chat turn as a member of ``group`` (None: no group): its response."""
+    text = _text(backend, system, user)
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     if group is not None:
         params["custom_params"] = AsksOptions(group=group).to_custom_params()
@@ -91,4 +95,28 @@ def test_a_client_without_the_group_or_of_another_group_gets_exact_and_no_reuse(
     assert ASKS_KEY not in plain["meta_info"], plain["meta_info"]
     other = report(ask(backend, f"other-{uuid.uuid4().hex}", ROLES[5], user))
     assert other["outcome"] == "no-donor", other
+    assert_no_kv_leak(backend)
+
+
+def test_a_blended_requests_exact_part_is_cached_and_serves_as_a_fresh_forward_would(backend, stories):
+    """A blended member's tokens before its first reused one (its opening, the label, the leading
+    tokens it computed) enter the tree, so a long-lived opening stays cached after blends; they are
+    the same bits as a fresh forward's, so a request of no group served from them decodes exactly
+    what it decodes on an empty cache."""
+    problem, group = stories[1], uuid.uuid4().hex
+    user = user_prompt(problem.passage, problem.question)
+    ask(backend, group, ROLES[0], user)
+    blended = ask(backend, group, ROLES[6], user)
+    exact_tokens = report(blended)["exact_tokens"]
+    assert report(blended)["outcome"] == "blended" and 0 < exact_tokens < blended["meta_info"]["prompt_tokens"] // 2
+    logprobs = {"return_logprob": True, "top_logprobs_num": 5}
+    served = backend._generate_http_request(None, {"text": _text(backend, ROLES[6], user), **logprobs,
+                                                   "sampling_params": {"max_new_tokens": 12, "temperature": 0.0}})
+    assert served["meta_info"]["cached_tokens"] == exact_tokens, (served["meta_info"], exact_tokens)
+    backend.flush_cache()
+    fresh = backend._generate_http_request(None, {"text": _text(backend, ROLES[6], user), **logprobs,
+                                                  "sampling_params": {"max_new_tokens": 12, "temperature": 0.0}})
+    assert fresh["meta_info"]["cached_tokens"] == 0
+    assert served["meta_info"]["output_token_logprobs"] == fresh["meta_info"]["output_token_logprobs"]
+    assert served["meta_info"]["output_top_logprobs"] == fresh["meta_info"]["output_top_logprobs"]
     assert_no_kv_leak(backend)

@@ -235,6 +235,30 @@ class TestContentIndex:
         assert cache.asks.index.windows == 40 and groups[GROUP].live == 37 and groups[OTHER].live == 3
         assert list(groups) == [OTHER, GROUP]  # the least recently indexed first
 
+    def test_a_blended_request_enters_the_tree_only_up_to_its_first_reused_token(self):
+        from radix_ext.asks.blend import EXACT_LEN_ATTR
+
+        cache = make()
+        tokens = HEAD + OPEN_B + SHARED + QUESTION
+        req = admit(cache, tokens)
+        setattr(req, asks_segments.MEMBER_ATTR, GROUP)
+        setattr(req, EXACT_LEN_ATTR, 9)  # its opening and the first 4 tokens it computed in full
+        finish(cache, req, output=[7, 8])
+        assert len(slots_of(cache, tokens)) == 9
+        freed = cache.token_to_kv_pool_allocator.freed
+        assert sorted(freed) == list(range(9, len(tokens) + 1))  # the approximate rest, and its output
+        assert cache.asks.index.windows == 9 - asks_segments.WINDOW + 1  # only exact text is the group's
+
+    def test_a_blended_request_whose_exact_part_is_cached_inserts_nothing(self):
+        from radix_ext.asks.blend import EXACT_LEN_ATTR
+
+        cache = make()
+        commit(cache, HEAD + OPEN_B, None)
+        req = admit(cache, HEAD + OPEN_B + SHARED)
+        setattr(req, EXACT_LEN_ATTR, len(HEAD + OPEN_B))
+        finish(cache, req, output=[7, 8])
+        assert len(slots_of(cache, HEAD + OPEN_B + SHARED)) == len(HEAD + OPEN_B)
+
     def test_split_nodes_stay_visible_and_their_windows_move_with_their_tokens(self):
         cache = make()
         donor_tree(cache)

@@ -25,6 +25,7 @@ from rksc_sgl.adaptive import adaptive_fork
 from rksc_sgl.program_state import add_custom_params, branch_options
 from rksc_sgl.adaptive import StopRule, leader
 from rksc_sgl.cgee import token_logprobs
+from rksc_sgl.protocol import AsksOptions
 from rksc_sgl.stop_options import GROUP_POLICY_KEY, STOP_KEY, ConfStop
 from rksc_sgl.stop_rules import token_confidence, window_minima
 
@@ -95,18 +96,22 @@ def sc_program(s, prompt: str, num_branches: int, max_new_tokens: int, temperatu
                openers: list[str] | None = None, rule: StopRule | None = None,
                answer_of: Callable[[str], str | None] | None = None,
                answer_reading: tuple[tuple[str, ...], str] | None = None,
-               conf_top_k: int = 0, trace_stop: float | None = None):
+               conf_top_k: int = 0, trace_stop: float | None = None, asks_group: str | None = None):
     """Branch ``b`` samples with ``seeds[b]``; with a stop ``rule``, branches run in rounds until the
     rule is decided on ``answer_of(solution)`` of the branches so far, or, with ``answer_reading``
     (the ordered patterns and normalisation ``answer_of`` reads with: ``extract_reading``), all at
     once with the runtime stopping the rest once decided.
     ``conf_top_k``: also return each branch's trace-confidence minima (top ``conf_top_k``);
-    ``trace_stop``: the runtime stops a branch whose window confidence falls below it."""
+    ``trace_stop``: the runtime stops a branch whose window confidence falls below it;
+    ``asks_group``: every branch's gen is in this ASKS group (a donor for the group's later requests,
+    ``programs.grader``)."""
     s += sgl.system(SYSTEM_PROMPT)
     s += sgl.user(prompt)
 
     def branch(f, b: int):
         branch_options(f, sampling_seed=seeds[b])
+        if asks_group is not None:
+            add_custom_params(f, AsksOptions(group=asks_group).to_custom_params())
         if trace_stop is not None:
             add_custom_params(f, ConfStop(CONF_WINDOW, conf_top_k, trace_stop).to_custom_params())
         gen = sgl.gen("solution", max_tokens=max_new_tokens, temperature=temperature, return_logprob=True,
@@ -150,12 +155,13 @@ def branch_openers(num_branches: int) -> list[str]:
 def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                  exemplars: tuple[Problem, ...] = (), diverse: bool = False, progress_bar: bool = False,
                  num_threads: int | None = None, rule: StopRule | None = None, in_runtime: bool = False,
-                 conf_top_k: int = 0, trace_stop: float | None = None):
+                 conf_top_k: int = 0, trace_stop: float | None = None, asks_groups: list[str] | None = None):
     """``sc_program`` on every problem, ``num_threads`` at a time (default: all); per problem its
     finished branches' ``(context, solution, token log-probabilities, index)`` (``rule`` None: all
     ``config.num_branches``; ``in_runtime``: the rule is the runtime's group policy, not rounds),
-    and with ``conf_top_k`` their trace-confidence minima (``trace_stop``: a trace stop on each).
-    Problem ``i`` samples with the seeds of index ``first_index + i``."""
+    and with ``conf_top_k`` their trace-confidence minima (``trace_stop``: a trace stop on each);
+    ``asks_groups``: problem ``i``'s branches in ASKS group ``asks_groups[i]``. Problem ``i``
+    samples with the seeds of index ``first_index + i``."""
     arguments = [
         dict(prompt=user_prompt(p, exemplars), num_branches=config.num_branches, max_new_tokens=config.max_new_tokens,
              temperature=config.temperature,
@@ -163,7 +169,7 @@ def run_branches(problems: list[Problem], config: SamplingConfig, backend, *, fi
              openers=branch_openers(config.num_branches) if diverse else None,
              rule=rule, answer_of=lambda text, p=p: extract_answer(p, text),
              answer_reading=extract_reading(p) if in_runtime else None,
-             conf_top_k=conf_top_k, trace_stop=trace_stop)
+             conf_top_k=conf_top_k, trace_stop=trace_stop, asks_group=asks_groups[i] if asks_groups else None)
         for i, p in enumerate(problems)
     ]
     states = sc_program.run_batch(arguments, backend=backend, progress_bar=progress_bar, num_threads=num_threads or len(problems) or 1)

@@ -74,6 +74,7 @@ def build_rows(args, results, meta) -> list[dict]:
                    if mode.effective_asks_mode == "adopt" and run.details is not None and exact_run is not None
                    else {}),
                 **blend_columns(args, mode, r, by_mode),
+                **workload_columns(args, mode, r, by_mode),
                 "evictions": r["evicted"] if not mode.disable_radix_cache else None,
                 "max_total_tokens": r["max_total_tokens"], "pool_tokens": r["pool"]["total"],
                 # Tokens left in the radix tree after the last repeat: the run's KV working set when
@@ -114,6 +115,16 @@ def blend_columns(args, mode, r, by_mode) -> dict:
     return out
 
 
+def workload_columns(args, mode, r, by_mode) -> dict:
+    """The workload's own columns (``Workload.columns``: the agent workloads' TTFT, per-agent
+    quality, the grader's picks), from every repeat's run of the mode and of exact."""
+    columns = args.workload_obj.columns
+    if columns is None:
+        return {}
+    exact = by_mode.get("exact") if mode.name != "exact" else None
+    return columns(r["runs"], exact["runs"] if exact else None)
+
+
 def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
     """Branches sampled against full N (for ``group-stop``: those that finished, the others were
     stopped); for the adaptive modes, completion tokens against ``exact`` and the runtime's savings
@@ -148,11 +159,12 @@ def adaptive_columns(mode, args, run, counters, by_mode) -> dict:
 
 def write_curve(args, rows, meta) -> Path | None:
     """The trade-off curve of every rule replayed on exact's branches, per dataset, with the
-    thresholds that reach 95% vote agreement on these problems; None without an exact run. A
+    thresholds that reach 95% vote agreement on these problems; None without an exact run or where
+    the workload's branches are not votes (``agents``). A
     dataset of an earlier run in the same file stays, with its own commit and command (so the
     datasets can be run one command at a time)."""
     exact = [r for r in rows if r["mode"] == "exact"]
-    if not exact:
+    if not exact or not args.workload_obj.branches_vote:
         return None
     suffix = f"_offset{args.calibration_offset}" if args.calibration_offset else ""
     out = args.output_dir / f"{args.workload}_stop_curve{suffix}.json"

@@ -17,7 +17,9 @@ summary table is printed last. The ASKS workloads (``paraphrase-sc``, ``role-sc`
 also compare every mode with ``exact`` branch by branch (``benchmarks.calibration.blend_quality``: first-token
 KL, identical outputs, ROUGE-L; ``exact-reseed`` is the two-seed floor) and count the prefill
 blend left uncomputed (``TokenCounters.blended_tokens``); ``--asks-recompute-sweep`` adds one blend
-mode per recompute share. With ``exact`` in the run, every stop rule of
+mode per recompute share. The agent workloads (``agents``, ``bon-grader`` and their
+``-steady`` variants, ``benchmarks.bench.agent_workloads``) also time every request to its first
+token (TTFT beside wall time). With ``exact`` in the run, every stop rule of
 ``benchmarks.bench.stop_replay.CURVE`` is replayed on exact's branches (the trade-off curve, written to
 ``<workload>_stop_curve.json``); ``adaptive`` rows compare the runtime's saving with the replay
 of their own rule. Stop thresholds are chosen on other problems: ``--calibration-offset 20``
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.bench.agent_workloads import print_latency
 from benchmarks.bench.modes import MODES, check_sweep_modes, resolve_modes, sweep_modes
 from benchmarks.bench.records import MODEL_NAME, append_jsonl, git_commit, machine
 from benchmarks.bench.rows import build_rows, print_adaptive, print_blend, print_table, write_curve
@@ -66,14 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per (dataset, mode); wall time is their median")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed of the run (default: %(default)s)")
     p.add_argument("--num-branches", type=int, default=d.num_branches, help="forks per problem (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                   help="per branch (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"per branch (default: {d.max_new_tokens}; agents and bon-grader: "
+                        f"{WORKLOADS['agents'].default_max_new_tokens})")
     p.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
     p.add_argument("--shots", type=int, default=None,
                    help=f"held-out solved exemplars in front of every question (default: {d.shots}; "
                         "role-sc and multi-doc: 0, they use none)")
     p.add_argument("--max-concurrency", type=int, default=None,
-                   help="problems (programs) in flight at once (default: all; bon-verify: 16)")
+                   help="problems (programs) in flight at once (default: all; bon-verify and bon-grader: rounds "
+                        "of 16)")
     p.add_argument("--cgee-thresholds", default=None,
                    help="CGEE modes: a calibrate_cgee JSON file, its per-dataset thresholds where it has them "
                         "(default: RkscConfig's pooled ones)")
@@ -115,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.datasets = ",".join(workload.default_datasets or workload.datasets)
         if args.shots is None:
             args.shots = d.shots if workload.default_shots is None else workload.default_shots
+        if args.max_new_tokens is None:
+            args.max_new_tokens = workload.default_max_new_tokens or d.max_new_tokens
         args.dataset_names = [x.strip() for x in args.datasets.split(",") if x.strip()]
         for name in args.dataset_names:
             if name not in workload.datasets:
@@ -123,6 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for flag in ("limit", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+        if args.limit < workload.min_problems:
+            raise ValueError(f"--limit must be >= {workload.min_problems} for --workload {args.workload} (its "
+                             f"first half warms the cache, the second is measured), got {args.limit}")
         if args.calibration_offset < 0:
             raise ValueError(f"--calibration-offset must be >= 0, got {args.calibration_offset}")
         if any(m.adaptive for m in args.mode_objs) and args.workload not in ADAPTIVE_WORKLOADS:
@@ -234,8 +244,10 @@ def run_all(args, data) -> tuple[dict[str, dict[str, dict]], list[list[str]]]:
         orders.append([m.name for m in order])
         for mode in order:
             for name, r in run_mode(mode, args, data).items():
-                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "evicted": 0})
+                acc = results[mode.name].setdefault(name, {"walls": [], "counters": [], "references": [], "runs": [],
+                                                           "evicted": 0})
                 acc["walls"].append(r["wall"])
+                acc["runs"].append(r["run"])
                 acc["counters"].append(r["counters"])
                 acc["references"].append(r["reference"])
                 acc["evicted"] += r["evicted"]
@@ -261,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     curve_file = write_curve(args, rows, meta)
     print_table(rows)
     print_blend(rows)
+    print_latency(rows)
     print_adaptive(rows)
     print(f"\n{len(rows)} rows appended to {out}; total {time.perf_counter() - started:.0f} s")
     if curve_file:

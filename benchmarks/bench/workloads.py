@@ -7,10 +7,12 @@ it can report; ``benchmarks.bench`` times it and does the bookkeeping.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any, Callable
 
+from benchmarks.bench import agent_workloads as agents
 from benchmarks.bench.modes import Mode
 from programs.datasets import DATASETS, READING_DATASETS, Problem
 from programs.sampling import SamplingConfig
@@ -99,6 +101,12 @@ class Workload:
     # (``ParaBranch``): quality against exact branch by branch (``benchmarks.calibration.blend_quality``),
     # and blend's recompute sweep (``--asks-recompute-sweep``) applies.
     branch_quality: bool = False
+    # The workload's own columns of a row (``agent_workloads.agent_columns``), from the mode's run of
+    # every repeat and exact's (None for exact itself, or without it).
+    columns: Callable[[list[WorkloadRun], list[WorkloadRun] | None], dict[str, Any]] | None = None
+    default_max_new_tokens: int | None = None  # --max-new-tokens when not given (None: BenchSettings')
+    min_problems: int = 1  # --limit at least this (a steady state: a warm-up half and a measured half)
+    branches_vote: bool = True  # its branches are votes (the stop rules' curve replays them); agents' are not
 
 
 def digest(text: str) -> str:
@@ -265,6 +273,40 @@ def _run_multi_doc(problems, backend, mode, settings, exemplars) -> WorkloadRun:
     return _branch_run(results, _asks_stats(results, backend, before) if asks_on else {})
 
 
+def _run_phase(run_phase, build, problems, backend, mode, settings, exemplars) -> WorkloadRun:
+    """A run of ``agent_workloads`` (its ``Phase``) as a WorkloadRun built by ``build``; ASKS's
+    stats over the measured problems alone (a steady state's warm-up half is its reference pass)."""
+    asks_on = "asks" in mode.mechanisms
+    before = [0.0]
+
+    def on_measure() -> None:
+        if asks_on:
+            before[0] = _asks_seconds(backend)
+
+    phase = run_phase(problems, backend, mode, settings, exemplars, on_measure=on_measure)
+    stats = {**(_asks_stats(phase.results, backend, before[0]) if asks_on else {}), **phase.stats}
+    return build(phase.results, stats, reference_s=phase.reference_s, reference_tokens=phase.reference_tokens)
+
+
+def _grader_run(results, stats, **extra) -> WorkloadRun:
+    """bon-grader's WorkloadRun: its branches are the candidates (answers, texts, tokens), its
+    details the grader's results (``programs.grader.GraderResult``: verdicts, picks)."""
+    return WorkloadRun([r.answer for r in results], [r.correct for r in results],
+                       [list(r.candidate_answers) for r in results],
+                       [[digest(t) for t in r.solutions] for r in results],
+                       branch_tokens=[list(r.candidate_tokens) for r in results], stats=stats, details=results,
+                       **extra)
+
+
+def _agent_workload(name: str, run_phase, build, columns, *, steady: bool, shots: int | None,
+                    votes: bool) -> Workload:
+    """An ``agent_workloads`` workload (GSM8K by default), or its steady state."""
+    return Workload(name, functools.partial(_run_phase, functools.partial(run_phase, steady=steady), build),
+                    DATASETS, ("gsm8k",), default_shots=shots, branch_quality=True, columns=columns,
+                    default_max_new_tokens=agents.DEFAULT_MAX_NEW_TOKENS, min_problems=2 if steady else 1,
+                    branches_vote=votes)
+
+
 def _asks_seconds(backend) -> float:
     """The scheduler's seconds in ASKS so far (decisions, signature capture; 0 where not reported)."""
     stats = (backend.get_server_info()["internal_states"][0].get("rksc_cache") or {}).get("asks") or {}
@@ -280,6 +322,11 @@ WORKLOADS: dict[str, Workload] = {
     "role-sc": Workload("role-sc", _run_role_sc, READING_DATASETS, ("coqa",), default_shots=0, branch_quality=True),
     "multi-doc": Workload("multi-doc", _run_multi_doc, READING_DATASETS, ("coqa-short",), default_shots=0,
                           branch_quality=True),
+    **{name: _agent_workload(name, agents.run_agents, _branch_run, agents.agent_columns, steady=steady, shots=0,
+                             votes=False) for name, steady in (("agents", False), ("agents-steady", True))},
+    **{name: _agent_workload(name, agents.run_bon_grader, _grader_run, agents.grader_columns, steady=steady,
+                             shots=None, votes=True)
+       for name, steady in (("bon-grader", False), ("bon-grader-steady", True))},
 }
 
 

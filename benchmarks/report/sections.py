@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.report import tables
+from benchmarks.report.latency import latency_table
 from benchmarks.bench.stats import clopper_pearson_upper95
 from benchmarks.bench.records import latest_run, runs_of
 
@@ -104,6 +105,7 @@ def section(rows: list[dict]) -> str:
         out += ["", "Per mode, over the datasets:", "", *headline(rows)]
     out += asks_table(rows)
     out += tables.blend_table(rows)
+    out += latency_table(rows)
     out += adaptive_table(rows)
     return "\n".join(out) + "\n"
 

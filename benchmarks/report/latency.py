@@ -1,0 +1,50 @@
+"""The agent workloads' table in a results section (``benchmarks.bench.agent_workloads``): time to
+first token beside wall time, every mode against ``exact``; for ``agents`` each agent's share of
+outputs identical to exact's, for ``bon-grader`` the verification phase and the grader's picks."""
+
+from __future__ import annotations
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _per_agent(values: dict | None, spec: str) -> str:
+    return " / ".join(f"{name} {format(v, spec)}" for name, v in values.items()) if values else "-"
+
+
+def latency_table(rows: list[dict]) -> list[str]:
+    """Rows that carry TTFT (``ttft_median_s``), one line each; empty for other workloads."""
+    mine = [r for r in rows if r.get("ttft_median_s") is not None]
+    if not mine:
+        return []
+    grader = any("grader_picks" in r for r in mine)
+    what = ("each grader request's (its first token is its verdict)" if grader
+            else "each agent's request's")
+    out = ["", f"Time to first token, {what}, timed at the client on a streamed request, median and 90th "
+           "percentile over every request of every repeat (x exact: exact's median over the row's)"
+           + ("; the verification phase's wall time, median over repeats; picks against exact's on the same "
+              "candidates, P(Yes) per candidate against exact's:" if grader
+              else "; each agent's outputs identical to exact's (planner / solver / critic / answer):"), ""]
+    if grader:
+        out += ["| dataset | mode | wall s | x exact | TTFT median s | TTFT p90 s | TTFT x exact | verify s "
+                "| verify x exact | grader picks exact's | mean abs P(Yes) diff | accuracy |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:
+        out += ["| dataset | mode | wall s | x exact | TTFT median s | TTFT p90 s | TTFT x exact | request latency "
+                "median s | identical outputs per agent | accuracy |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in mine:
+        head = (f"| {r['dataset']} | {r['mode']} | {r['wall_s']:.1f} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
+                f"| {_fmt(r['ttft_median_s'], '.3f')} | {_fmt(r.get('ttft_p90_s'), '.3f')} "
+                f"| {_fmt(r.get('ttft_median_vs_exact'), '.2f')} ")
+        if grader:
+            out.append(head + f"| {_fmt(r.get('verify_s'), '.1f')} | {_fmt(r.get('verify_time_vs_exact'), '.2f')} "
+                              f"| {_fmt(r.get('grader_same_pick_vs_exact'), '.2f')} "
+                              f"| {_fmt(r.get('grader_p_yes_abs_diff_vs_exact'), '.4f')} "
+                              f"| {_fmt(r.get('accuracy'), '.2f')} |")
+        else:
+            out.append(head + f"| {_fmt(r.get('latency_median_s'), '.3f')} "
+                              f"| {_per_agent(r.get('agent_output_identical_vs_exact'), '.2f')} "
+                              f"| {_fmt(r.get('accuracy'), '.2f')} |")
+    return out

@@ -4,6 +4,8 @@ outputs identical to exact's, for ``bon-grader`` the verification phase and the 
 
 from __future__ import annotations
 
+from benchmarks.report.tables import _bench_row, _scope, latest_rows
+
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
@@ -48,3 +50,28 @@ def latency_table(rows: list[dict]) -> list[str]:
                               f"| {_per_agent(r.get('agent_output_identical_vs_exact'), '.2f')} "
                               f"| {_fmt(r.get('accuracy'), '.2f')} |")
     return out
+
+
+AGENT_ROWS = {  # README summary: results file under benchmarks/results -> what the row calls it
+    "agents/agents-steady.jsonl": "agents in steady state: planner, solver, critic, answer, each reading the earlier outputs",
+    "agents/bon-grader-steady.jsonl": "best-of-4 judged by a grader persona, steady state, verification phase",
+}
+
+
+def summary_rows(results) -> list[list[str]]:
+    """The agent workloads' README rows (``tables.summary``'s ``blend_extra``): blend against exact, with time to first token (and for the
+    grader, the verification phase and its picks) beside wall time."""
+    rows = []
+    for file, what in AGENT_ROWS.items():
+        path = results / file
+        if not path.exists():
+            continue
+        row = _bench_row(f"{what}, {_scope(path)}", "ASKS blend (relay)", path, "asks-only")
+        r = next(x for x in latest_rows(path) if x["mode"] == "asks-only")
+        extra = f"TTFT median {r['ttft_median_s']:.3f} s ({_fmt(r.get('ttft_median_vs_exact'), '.2f')}x exact)"
+        if "grader_picks" in r:
+            extra += (f"; verification {_fmt(r.get('verify_time_vs_exact'), '.2f')}x exact; grader picks "
+                      f"exact's candidate {_fmt(r.get('grader_same_pick_vs_exact'), '.2f')}")
+        row[5] = f"{extra}; {row[5]}"
+        rows.append(row)
+    return rows

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.report import tables
+from benchmarks.report import latency
 from benchmarks.report.latency import latency_table
 from benchmarks.bench.stats import clopper_pearson_upper95
 from benchmarks.bench.records import latest_run, runs_of
@@ -290,6 +291,8 @@ DOC_SECTIONS = {
     "blend-repeats-multi-doc": ("blend-repeats/multi-doc.jsonl", None),
     "blend-repeats-paraphrase-sc": ("blend-repeats/paraphrase-sc.jsonl", None),
     "blend-check-role-sc": ("blend-check/role-sc.jsonl", None),
+    "agents-steady": ("agents/agents-steady.jsonl", None),
+    "bon-grader-steady": ("agents/bon-grader-steady.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
     "tot": ("tot.jsonl", None),
@@ -304,7 +307,8 @@ def generated_blocks(root: Path = ROOT) -> dict[Path, dict[str, str]]:
     results = root / "benchmarks" / "results"
     docs = {name: (draw or (lambda path: section(latest_run(path))))(results / file)
             for name, (file, draw) in DOC_SECTIONS.items()}
-    return {root / "README.md": {"summary": tables.summary(results)}, root / "docs" / "benchmarks.md": docs}
+    summary = tables.summary(results, latency.summary_rows(results))
+    return {root / "README.md": {"summary": summary}, root / "docs" / "benchmarks.md": docs}
 
 
 def block(text: str, name: str) -> str:

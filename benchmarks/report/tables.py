@@ -2,8 +2,7 @@
 
 Every figure is read from a committed results file under ``benchmarks/results/`` (its latest run)
 and printed beside the commit and machine that file records; ``benchmarks.report --all`` writes
-them between their markers (README.md's ``summary``, docs/benchmarks.md's ``speed``, ``scaleout``,
-``load``).
+them between their markers (README.md's ``summary``, docs/benchmarks.md's ``speed``, ``load``...).
 """
 
 from __future__ import annotations
@@ -166,18 +165,17 @@ def _speed(rows: list[dict], kind: str, streams: int, baseline: str) -> dict:
     return row
 
 
-SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / agreement", "what it did", "commit",
-                  "machine"]
+SUMMARY_HEADER = ["workload", "mechanism", "compared", "speed-up", "accuracy / agreement", "what it did",
+                  "commit", "machine"]
 
 
 def _blend(results: Path, workload: str) -> Path:
-    """A blend workload's headline run: its median-of-3 run at the default (``blend-repeats/``)
-    where there is one, else the single run with the recompute sweep (``blend/``)."""
+    """A blend workload's headline run: median of 3 (``blend-repeats/``), else the sweep's (``blend/``)."""
     repeats = results / "blend-repeats" / f"{workload}.jsonl"
     return repeats if repeats.exists() else results / "blend" / f"{workload}.jsonl"
 
 
-def summary_rows(results: Path = RESULTS) -> list[list[str]]:
+def summary_rows(results: Path = RESULTS, blend_extra: list[list[str]] = ()) -> list[list[str]]:
     speed = latest_rows(results / "speed.jsonl")
     fidelity = results / "fidelity.jsonl"
     adaptive = results / "adaptive" / "sc.jsonl"
@@ -187,7 +185,8 @@ def summary_rows(results: Path = RESULTS) -> list[list[str]]:
                        "multi-doc": "multi-document questions, 4 passages per branch order",
                        "paraphrase-sc": "self-consistency, 8 paraphrased branches, 8 shots"}
     blend_rows = [_bench_row(f"{what}, {_scope(path)}", "ASKS blend", path, "asks-only")
-                  for workload, what in blend_workloads.items() if (path := _blend(results, workload)).exists()]
+                  for workload, what in blend_workloads.items() if (path := _blend(results, workload)).exists()
+                  ] + list(blend_extra)
     return [
         *([_bench_row(f"self-consistency, 16 branches, {_datasets(adaptive, 'adaptive')}", "early stop (adaptive vote)",
                       adaptive, "adaptive")] if "adaptive" in adaptive_modes else []),
@@ -257,8 +256,8 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
-def summary(results: Path = RESULTS) -> str:
-    return markdown(SUMMARY_HEADER, summary_rows(results))
+def summary(results: Path = RESULTS, blend_extra: list[list[str]] = ()) -> str:
+    return markdown(SUMMARY_HEADER, summary_rows(results, blend_extra))
 
 
 def speed_section(path: Path) -> str:

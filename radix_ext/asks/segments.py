@@ -46,7 +46,7 @@ WINDOW = MIN_SEGMENT = 8  # a shorter run is a coincidence of common tokens, not
 MAX_OCCURRENCES = 8  # places kept per window and group, the newest
 CONTEXT_CAP = 64  # preceding tokens compared when ranking occurrences
 MAX_WINDOWS_PER_GROUP = 1 << 16
-MAX_WINDOWS = 1 << 18  # about 30 MB of Python objects
+MAX_WINDOWS = 1 << 18  # 76 MiB of Python objects at most (about 300 bytes a window, measured)
 MAX_WALKS_PER_REQUEST = 4096  # occurrences followed for one member; past it, the rest is computed
 
 # rid -> Req of every live request that may blend (registered at creation, read at its prefill).
@@ -254,10 +254,10 @@ def _forward(node, offset: int, key, pos: int, limit: int, group: str) -> tuple[
     return matched, parts
 
 
-def _backward(node, offset: int, ids, pos: int, floor: int) -> int:
+def _backward(node, offset: int, ids, pos: int) -> int:
     """How many tokens before ``node``'s token ``offset`` equal ``ids[:pos]``'s last ones (at most
-    ``CONTEXT_CAP``, never before ``floor``)."""
-    matched, want = 0, min(CONTEXT_CAP, pos - floor)
+    ``CONTEXT_CAP``)."""
+    matched, want = 0, min(CONTEXT_CAP, pos)
     while node is not None and node.key is not None and matched < want:
         own = node.key.token_ids
         while offset > 0 and matched < want:
@@ -300,7 +300,7 @@ def find_segments(index: ContentIndex, key, start: int, limit: int, group: str) 
             length, parts = _forward(node, offset, key, pos, limit, group)
             if length < WINDOW:
                 continue  # a hash collision
-            context = _backward(node, offset, ids, pos, 0)
+            context = _backward(node, offset, ids, pos)
             if best is None or (context, length) > best[:2]:
                 best = (context, length, parts, window.pos)
         if best is None:

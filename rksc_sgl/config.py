@@ -149,6 +149,10 @@ class RkscConfig:
     # >= 2: layer 1's K and V are projections of each token's own embedding, the same after any
     # context (radix_ext.asks.selection gives the measurements behind 2).
     asks_check_layers: int = 2
+    # Blend's relay: a finished blended request's approximate tail (its prompt after its exact part,
+    # and its output) stays in the cache as a donor for its own group only, never matched by prefix
+    # (radix_ext.asks.private); --no-asks-blended-donors frees it at release.
+    asks_blended_donors: bool = True
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size; "int8" (x86 with AVX-512 VNNI, radix_ext.cpu.kernels) keeps int8

@@ -25,9 +25,10 @@ KV are exactly exact's. Below 1, the request's KV from its first reused token on
 so it never enters the tree: ``RkscRadixCache.checkpoint`` inserts only the tokens before it
 (``EXACT_LEN_ATTR``: the cached prefix, the opening, the leading tokens computed in full, whose
 rows are the same bits as in a full forward, since every row depends only on the rows before it),
-so a long-lived opening is cached for later requests; the rest of its slots are freed when it
-finishes, and no other request, of its group or not, ever matches them. Every blended request reports what it reused and
-recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks.decision``) and the counters feed
+so a long-lived opening is cached for later requests. When it finishes, the rest of its row
+(approximate prompt tokens and its output) is kept as a donor for its own group alone, which no
+prefix match ever reaches (``radix_ext.asks.private``; ``--no-asks-blended-donors`` frees it).
+Every blended request reports what it reused and recomputed (``meta_info["rksc_asks"]``, ``radix_ext.asks.decision``) and the counters feed
 ``/metrics``.
 
 A batch that also carries a CGEE verification row, a chunked prefill, a model or attention backend
@@ -104,6 +105,8 @@ class BlendCounters:
     reused_tokens: int = 0
     recomputed_tokens: int = 0
     seconds: float = 0.0  # scheduler time spent planning and copying KV
+    kept_requests: int = 0  # finished blended requests whose approximate tail stayed (radix_ext.asks.private)
+    kept_tokens: int = 0
 
     def count(self, decision: BlendDecision) -> None:
         self.requests += 1
@@ -124,6 +127,7 @@ class BlendSettings:
     fresh_tail: int
     max_deviation: float = math.inf  # the gate; inf: the share alone
     check_layers: int = RkscConfig.asks_check_layers  # selector "deviation": the check's layers
+    blended_donors: bool = RkscConfig.asks_blended_donors  # a finished blended request's tail: private donor
 
 
 # ---- the forward ---------------------------------------------------------------------------

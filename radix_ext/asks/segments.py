@@ -7,7 +7,9 @@ that another group computed first is still ``g``'s text once a request of ``g`` 
 and generated tokens alike, and adds the path's ``WINDOW``-token windows to ``g``'s
 ``ContentIndex``: window hash -> the newest ``MAX_OCCURRENCES`` places (node, position) it
 starts at. Nothing else is visible: another client's text, or a group's approximate (blended)
-KV, which never enters the tree.
+KV, which never enters the tree where prefix matching reads; with ``--asks-blended-donors`` a
+finished blended request's approximate tail is kept as a *private node*, visible to its own
+group only (``radix_ext.asks.private``), ranked below an exact place on a tie.
 
 ``find_segments`` (read-only, at the forward): from the member's first uncached position to its
 last ``fresh_tail`` tokens, each position's window is looked up in the group's index; every
@@ -41,6 +43,9 @@ START_ATTR = "rksc_blend_start"  # on a TreeNode: the position of its first toke
 WINDOWS_ATTR = "rksc_blend_windows"  # on a TreeNode: the indexed windows starting in it
 MEMBER_ATTR = "rksc_blend_member"  # on a Req: its group (its exact KV becomes the group's)
 OPTIONS_ATTR = "rksc_blend_options"  # on a Req that may blend: its AsksOptions
+# On a private node (``radix_ext.asks.private``: a blended request's approximate tail, kept for its
+# group): the extra_key of the request that computed it, which a member must carry to reuse it.
+BASE_KEY_ATTR = "rksc_blend_base_key"
 
 WINDOW = MIN_SEGMENT = 8  # a shorter run is a coincidence of common tokens, not a text
 MAX_OCCURRENCES = 8  # places kept per window and group, the newest
@@ -283,30 +288,34 @@ def _common(a, i: int, b, j: int, n: int) -> int:
     return lo
 
 
+def _base_key(node):
+    return getattr(node, BASE_KEY_ATTR, node.key.extra_key)
+
+
 def find_segments(index: ContentIndex, key, start: int, limit: int, group: str) -> list[Segment]:
-    """The reusable runs of ``key[start:limit]`` in ``group``'s exact text, greedy from the left:
-    at each position the occurrence of its window with the longest shared preceding context, then
-    the longest run."""
+    """The reusable runs of ``key[start:limit]`` in ``group``'s text, greedy from the left: at each
+    position the occurrence of its window with the longest shared preceding context, then the
+    longest run, then an exact one over a private node's."""
     places_of = index.groups[group].places if index.has(group) else None
     ids, segments, walks, pos = key.token_ids, [], 0, start
     while places_of and pos + WINDOW <= limit and walks < MAX_WALKS_PER_REQUEST:
-        best = None  # (context, length, parts, donor position)
+        best = None  # ((context, length, exact), parts, donor position)
         for window in reversed(places_of.get(digest_of(ids[pos: pos + WINDOW]), ())):
             walks += 1
             node = window.node
-            if node is None or node.key.extra_key != key.extra_key or node.value is None:
+            if node is None or node.value is None or _base_key(node) != key.extra_key:
                 continue
             offset = window.pos - getattr(node, START_ATTR)
             length, parts = _forward(node, offset, key, pos, limit, group)
             if length < WINDOW:
                 continue  # a hash collision
-            context = _backward(node, offset, ids, pos)
-            if best is None or (context, length) > best[:2]:
-                best = (context, length, parts, window.pos)
+            rank = (_backward(node, offset, ids, pos), length, not hasattr(node, BASE_KEY_ATTR))
+            if best is None or rank > best[0]:
+                best = (rank, parts, window.pos)
         if best is None:
             pos += 1
             continue
-        context, length, parts, donor_pos = best
+        (context, length, _), parts, donor_pos = best
         segments.append(Segment(pos, torch.cat(parts).to(torch.int64), pos - donor_pos, context))
         pos += length
     return segments

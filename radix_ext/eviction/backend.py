@@ -22,7 +22,8 @@ Overrides of RadixCache, each pinned by ``tests/unit/test_backend_tree.py``:
 * ``checkpoint``: the parent's, then the tagging above (``req.last_node`` is then the deepest
   node of the request's path); a request ASKS blend served inserts only its tokens before the
   first whose KV came from a donor (``radix_ext.asks.blend.EXACT_LEN_ATTR``), the rest being freed
-  at release as the parent frees what it did not insert;
+  at release as the parent frees what it did not insert, or, at its release with
+  ``--asks-blended-donors``, kept as its group's private node (``radix_ext.asks.private``);
 * ``_split_node``: the new upper node holds a prefix of the same branch, so it inherits depth and
   score;
 * ``reset``: clears the report counter (the metadata lives on nodes and goes with them).
@@ -44,7 +45,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
-from radix_ext.asks import blend as asks_blend, capture as asks_capture, segments as asks_segments
+from radix_ext.asks import blend as asks_blend, capture as asks_capture, private as asks_private, segments as asks_segments
 from radix_ext.asks.decision import SIG_ATTR, AsksState
 from radix_ext.eviction.policy import DEPTH_ATTR, POLICY_NAME, SCORE_ATTR, RSBCMStrategy, node_depth, node_score
 from radix_ext.ops.metrics import EVICTED_TOKENS
@@ -88,9 +89,16 @@ class RkscRadixCache(RadixCache):
         own_start = req.prefix_len  # before the parent's insert: what the request found cached
         exact = getattr(req, asks_blend.EXACT_LEN_ATTR, None)  # a blended request: only its exact part
         if exact is not None:
-            if exact <= req.kv.cache_protected_len:
-                return
-            up_to = min(up_to, exact)
+            if exact > req.kv.cache_protected_len:
+                self._checkpoint(req, own_start, up_to=min(up_to, exact))
+            if req.finished() and self.asks is not None and self.asks.blend.blended_donors:
+                kept = asks_private.keep(self, req, up_to)
+                self.asks.blend_counters.kept_tokens += kept
+                self.asks.blend_counters.kept_requests += bool(kept)
+            return
+        self._checkpoint(req, own_start, up_to=up_to)
+
+    def _checkpoint(self, req, own_start: int, *, up_to: int) -> None:
         super().checkpoint(req, up_to=up_to)
         if self.disable:
             return
@@ -210,6 +218,6 @@ def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
                                       config.asks_pooling)
     gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background, config.asks_pooling)
     blend = asks_blend.BlendSettings(config.asks_recompute, config.asks_select, config.asks_fresh_tail,
-                                     config.asks_max_deviation, config.asks_check_layers)
+                                     config.asks_max_deviation, config.asks_check_layers, config.asks_blended_donors)
     return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20), mode=config.asks_mode,
                      blend=blend)

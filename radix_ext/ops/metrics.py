@@ -13,7 +13,8 @@ decisions, early exit), so AFTER hooks on ``Scheduler.process_batch_result`` (ev
 * ``rksc_asks_blend_requests_total{outcome}``: blend's requests, ``blended``, ``no_donor`` or ``full``
   (had donors, computed every token);
 * ``rksc_asks_blend_tokens_total{kind}``: tokens a donor covered, ``reused`` (its KV taken) or
-  ``recomputed`` (selected and computed anyway);
+  ``recomputed`` (selected and computed anyway), and ``kept``: blended requests' tails kept as
+  their group's private donors (``radix_ext.asks.private``);
 * ``rksc_rsbcm_score_reports_total``: requests that reported a branch score;
 * ``rksc_evicted_tokens_total{node}``: evicted tokens, ``scored`` (RSBCM ranked them by a
   reported score) or ``unscored`` (plain recency);
@@ -54,7 +55,7 @@ class _Series:
         self.asks_bytes = Gauge("rksc_asks_signature_bytes", "ASKS signature bytes held by the radix tree",
                                 multiprocess_mode="livesum")
         self.blend_requests = Counter("rksc_asks_blend_requests", "ASKS blend requests by outcome", ["outcome"])
-        self.blend_tokens = Counter("rksc_asks_blend_tokens", "Tokens a blend donor covered, reused or recomputed",
+        self.blend_tokens = Counter("rksc_asks_blend_tokens", "Blend tokens: donor-covered (reused, recomputed) or tails kept",
                                     ["kind"])
         self.score_reports = Counter("rksc_rsbcm_score_reports", "Requests that reported a branch score")
         self.evicted = Counter("rksc_evicted_tokens", "Evicted radix-tree tokens by node kind", ["node"])
@@ -92,6 +93,7 @@ def snapshot(cache) -> dict[tuple, float]:
                     for outcome in ("blended", "no_donor", "full")})
         out[("blend_tokens", "reused")] = float(blend.reused_tokens)
         out[("blend_tokens", "recomputed")] = float(blend.recomputed_tokens)
+        out[("blend_tokens", "kept")] = float(blend.kept_tokens)
     return out
 
 

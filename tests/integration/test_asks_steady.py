@@ -7,7 +7,7 @@ agent's opening is followed in the tree by the label and earlier problems' stori
 words are often the same), so each member leaves the cache inside the label or the story's first
 tokens. A member that shares at least ``WINDOW`` tokens with text its group has cached exactly
 must find it, wherever it stands: the DESIGN's steady-state invariant. Then the relay: what one
-agent generated is the next agent's donor.
+agent generated is the next agent's donor, whether it computed exactly or blended.
 """
 
 from __future__ import annotations
@@ -85,6 +85,27 @@ def test_what_an_agent_generated_is_the_next_agents_donor(backend, stories):
     reports = [report(ask(backend, group, role, relay)) for role in ROLES[1:3]]
     assert all(r["outcome"] == "blended" for r in reports), reports
     assert all(r["reused_tokens"] + r["recomputed_tokens"] >= 16 for r in reports), reports
+    assert_no_kv_leak(backend)
+
+
+def test_what_a_blended_agent_generated_is_the_next_agents_donor_for_its_group_only(backend, stories):
+    """The relay through a blended request (``radix_ext.asks.private``): agent B blends the passage
+    from agent A and generates; B's output exists only as B's approximate KV, yet agent C, which
+    reads it, reuses it. Prefix matching never reaches it, nor does another group."""
+    problem, group = stories[2], uuid.uuid4().hex
+    ask(backend, group, ROLES[0], user_prompt(problem.passage, problem.question))
+    second = ask(backend, group, ROLES[1], user_prompt(problem.passage, "Retell the story in detail."), 48)
+    assert report(second)["outcome"] == "blended" and second["meta_info"]["completion_tokens"] >= 24, second
+    kept = backend.get_server_info()["internal_states"][0]["rksc_cache"]["asks"]["blend"]["kept_tokens"]
+    assert kept >= second["meta_info"]["completion_tokens"] - 1
+    relay = f"Another reader wrote:\n{second['text']}\n\nIs that account faithful? Answer yes or no."
+    third = report(ask(backend, group, ROLES[2], relay))
+    assert third["outcome"] == "blended" and third["reused_tokens"] + third["recomputed_tokens"] >= 16, third
+    assert report(ask(backend, f"other-{uuid.uuid4().hex}", ROLES[2], relay))["outcome"] == "no-donor"
+    exact = report(second)["exact_tokens"]
+    text = _text(backend, ROLES[1], user_prompt(problem.passage, "Retell the story in detail.")) + second["text"]
+    plain = backend._generate_http_request(None, {"text": text, "sampling_params": {"max_new_tokens": 1}})
+    assert plain["meta_info"]["cached_tokens"] == exact, (plain["meta_info"], exact)
     assert_no_kv_leak(backend)
 
 

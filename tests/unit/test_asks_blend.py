@@ -33,13 +33,13 @@ QUESTION = list(range(200, 210))
 GROUP, OTHER = "program-a", "program-b"
 
 
-def make() -> RkscRadixCache:
+def make(blended_donors: bool = True) -> RkscRadixCache:
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     params = CacheInitParams(disable=False, req_to_token_pool=FakeReqToTokenPool(),
                              token_to_kv_pool_allocator=FakeAllocator(), page_size=1, eviction_policy="lru")
     state = AsksState(Gate(tau=1.0, alpha=1.0, layers=(1,), num_layers=1), 16, 1 << 20, mode="blend",
-                      blend=BlendSettings(0.15, "deviation", 4))
+                      blend=BlendSettings(0.15, "deviation", 4, blended_donors=blended_donors))
     return RkscRadixCache(params, asks=state)
 
 
@@ -238,7 +238,7 @@ class TestContentIndex:
     def test_a_blended_request_enters_the_tree_only_up_to_its_first_reused_token(self):
         from radix_ext.asks.blend import EXACT_LEN_ATTR
 
-        cache = make()
+        cache = make(blended_donors=False)
         tokens = HEAD + OPEN_B + SHARED + QUESTION
         req = admit(cache, tokens)
         setattr(req, asks_segments.MEMBER_ATTR, GROUP)

@@ -69,12 +69,14 @@ def make_cache(policy: str = "rsbcm", *, disable: bool = False, config=None, rsb
 def make_req(prompt: list[int], depth: int | None = None, score: float | None = None):
     """A stand-in for SGLang's ``Req`` with the fields RadixCache.checkpoint reads."""
     tag = None if depth is None else BranchTag(depth=depth, score=score).to_custom_params()
-    return types.SimpleNamespace(
+    req = types.SimpleNamespace(
         rid=f"req-{id(prompt)}", origin_input_ids=array("q", prompt), output_ids=array("q"),
         extra_key=None, cache_salt=None, priority=None, lock=None, last_node=None, prefix_len=0,
-        sampling_params=types.SimpleNamespace(custom_params=tag),
+        sampling_params=types.SimpleNamespace(custom_params=tag), finished_reason=None,
         kv=types.SimpleNamespace(req_pool_idx=0, cache_inserted_len=0, cache_protected_len=0, swa_evict_floor=0),
     )
+    req.finished = lambda: req.finished_reason is not None
+    return req
 
 
 def admit(cache, prompt: list[int], depth=None, score=None):
@@ -93,8 +95,11 @@ def admit(cache, prompt: list[int], depth=None, score=None):
     return req
 
 
-def finish(cache, req, output: list[int] = ()):
-    """Prefill, decode ``output`` and release with checkpoint, as the scheduler does."""
+def finish(cache, req, output: list[int] = (), reason=None):
+    """Prefill, decode ``output`` and release with checkpoint, as the scheduler does; ``reason``:
+    the finish reason (default: a stop token's)."""
+    from sglang.srt.managers.schedule_batch import FINISH_MATCHED_TOKEN
+
     prompt = list(req.origin_input_ids)
     allocator = cache.token_to_kv_pool_allocator
     row = cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
@@ -105,6 +110,7 @@ def finish(cache, req, output: list[int] = ()):
         row[len(prompt) : len(prompt) + len(output) - 1] = allocator.alloc(len(output) - 1)
     owned = len(prompt) + max(len(output) - 1, 0)  # the last output token never gets KV
     req.full_untruncated_fill_ids = array("q", prompt + list(output))
+    req.finished_reason = reason or FINISH_MATCHED_TOKEN(matched=0)
     cache.checkpoint(req, up_to=owned)  # release_kv_cache(checkpoint=True)
     allocator.free_segment(row[req.kv.cache_protected_len : owned])
     cache.unlock(req.lock)

@@ -1,9 +1,10 @@
 """The bench's agent workloads: ``agents``, ``bon-grader`` and their steady state (issue 55).
 
 * ``agents`` (``programs.agents``): a chain of four agents per problem (planner, solver, critic,
-  answerer), each its own persona, each reading the question and the earlier agents' outputs
-  verbatim (the relay); the answerer's answer is scored. All agents of a problem are one ASKS
-  group; chains run ``--max-concurrency`` at a time. ``--max-new-tokens`` per agent (default 64).
+  answerer; on CoQA the reading team: finder, drafter, checker, answerer, each reading the
+  passage first), each its own persona, each reading the question and the earlier agents'
+  outputs verbatim (the relay); the answerer's answer is scored. All agents of a problem are one
+  ASKS group; chains run ``--max-concurrency`` at a time. ``--max-new-tokens`` per agent (default 64).
 * ``bon-grader`` (``programs.grader``): best-of-N whose candidates are ``programs.sc``'s branches
   (in the problem's group) and whose verifier is a strict grader with its own persona, one
   request per candidate in the same group; the picked candidate's answer is scored. Rounds of
@@ -140,15 +141,18 @@ def latency_columns(runs: list, exact_runs: list | None) -> dict[str, Any]:
 
 def agent_columns(runs: list, exact_runs: list | None) -> dict[str, Any]:
     """``latency_columns``, each agent's median TTFT, and against exact (last repeats) each agent's
-    share of identical outputs and its mean ROUGE-L."""
+    share of identical outputs and its mean ROUGE-L; keyed by the names of the problems' team
+    (``programs.agents.team_of``: a row is one dataset, so one team)."""
     from benchmarks.calibration.asks_quality import rouge_l
-    from programs.agents import AGENTS
+    from programs.agents import team_of
 
     out = latency_columns(runs, exact_runs)
-    names = [a.name for a in AGENTS]
-    out["ttft_median_s_by_agent"] = {
-        name: _round(statistics.median([r.ttft_s[a] for run in runs for r in run.details]))
-        for a, name in enumerate(names) if any(run.details for run in runs)}
+    chains = [r for run in runs for r in run.details]
+    if not chains:
+        return out
+    names = [a.name for a in team_of(chains[0].problem)]
+    out["ttft_median_s_by_agent"] = {name: _round(statistics.median([r.ttft_s[a] for r in chains]))
+                                     for a, name in enumerate(names)}
     if exact_runs:
         pairs = list(zip(runs[-1].details, exact_runs[-1].details))
         if pairs:

@@ -299,10 +299,10 @@ def _grader_run(results, stats, **extra) -> WorkloadRun:
 
 
 def _agent_workload(name: str, run_phase, build, columns, *, steady: bool, shots: int | None,
-                    votes: bool) -> Workload:
-    """An ``agent_workloads`` workload (GSM8K by default), or its steady state."""
+                    votes: bool, datasets: tuple[str, ...] = DATASETS) -> Workload:
+    """An ``agent_workloads`` workload on ``datasets`` (GSM8K by default), or its steady state."""
     return Workload(name, functools.partial(_run_phase, functools.partial(run_phase, steady=steady), build),
-                    DATASETS, ("gsm8k",), default_shots=shots, branch_quality=True, columns=columns,
+                    datasets, ("gsm8k",), default_shots=shots, branch_quality=True, columns=columns,
                     default_max_new_tokens=agents.DEFAULT_MAX_NEW_TOKENS, min_problems=2 if steady else 1,
                     branches_vote=votes)
 
@@ -322,8 +322,10 @@ WORKLOADS: dict[str, Workload] = {
     "role-sc": Workload("role-sc", _run_role_sc, READING_DATASETS, ("coqa",), default_shots=0, branch_quality=True),
     "multi-doc": Workload("multi-doc", _run_multi_doc, READING_DATASETS, ("coqa-short",), default_shots=0,
                           branch_quality=True),
+    # The reading sets too: a CoQA problem gets the reading team (``programs.agents.team_of``).
     **{name: _agent_workload(name, agents.run_agents, _branch_run, agents.agent_columns, steady=steady, shots=0,
-                             votes=False) for name, steady in (("agents", False), ("agents-steady", True))},
+                             votes=False, datasets=DATASETS + READING_DATASETS)
+       for name, steady in (("agents", False), ("agents-steady", True))},
     **{name: _agent_workload(name, agents.run_bon_grader, _grader_run, agents.grader_columns, steady=steady,
                              shots=None, votes=True)
        for name, steady in (("bon-grader", False), ("bon-grader-steady", True))},

@@ -149,12 +149,12 @@ class TestCommandLine:
         assert parse_args([]).settings.max_new_tokens == 96  # other workloads keep BenchSettings'
         assert parse_args(["--workload", "agents", "--datasets", "arc-challenge"]).dataset_names == ["arc-challenge"]
 
-    def test_a_steady_state_needs_two_problems_and_a_reading_set_is_refused(self, capsys):
+    def test_a_steady_state_needs_two_problems_and_the_grader_refuses_a_reading_set(self, capsys):
         with pytest.raises(SystemExit):
             parse_args(["--workload", "agents-steady", "--limit", "1"])
         assert "--limit must be >= 2" in capsys.readouterr().err
         with pytest.raises(SystemExit):
-            parse_args(["--workload", "agents", "--datasets", "coqa"])
+            parse_args(["--workload", "bon-grader", "--datasets", "coqa"])
         assert "'coqa'" in capsys.readouterr().err
         assert parse_args(["--workload", "bon-grader", "--asks-recompute-sweep", "0,1"]).mode_objs[-1].recompute == 1.0
 
@@ -163,9 +163,10 @@ def _run(details, **stats):
     return types.SimpleNamespace(details=details, stats=stats)
 
 
-def _chain(ttft, tokens=(1,), text="a"):
+def _chain(ttft, tokens=(1,), text="a", problem=GSM):
     branch = types.SimpleNamespace(token_ids=tokens, text=text)
-    return types.SimpleNamespace(ttft_s=ttft, latency_s=tuple(t * 2 for t in ttft), branches=(branch,) * len(AGENTS))
+    return types.SimpleNamespace(problem=problem, ttft_s=ttft, latency_s=tuple(t * 2 for t in ttft),
+                                 branches=(branch,) * len(AGENTS))
 
 
 class TestColumns:

@@ -27,7 +27,7 @@ def latency_table(rows: list[dict]) -> list[str]:
            "percentile over every request of every repeat (x exact: exact's median over the row's)"
            + ("; the verification phase's wall time, median over repeats; picks against exact's on the same "
               "candidates, P(Yes) per candidate against exact's:" if grader
-              else "; each agent's outputs identical to exact's (planner / solver / critic / answer):"), ""]
+              else "; each agent's outputs identical to exact's, in chain order:"), ""]
     if grader:
         out += ["| dataset | mode | wall s | x exact | TTFT median s | TTFT p90 s | TTFT x exact | verify s "
                 "| verify x exact | grader picks exact's | mean abs P(Yes) diff | accuracy |",
@@ -54,6 +54,8 @@ def latency_table(rows: list[dict]) -> list[str]:
 
 AGENT_ROWS = {  # README summary: results file under benchmarks/results -> what the row calls it
     "agents/agents-steady.jsonl": "agents in steady state: planner, solver, critic, answer, each reading the earlier outputs",
+    "agents-reading/agents-steady.jsonl": "reading agents in steady state: finder, drafter, checker, answer, each "
+                                          "reading one passage after its persona and the earlier outputs",
     "agents/bon-grader-steady.jsonl": "best-of-4 judged by a grader persona, steady state, verification phase",
 }
 

@@ -292,6 +292,8 @@ DOC_SECTIONS = {
     "blend-repeats-paraphrase-sc": ("blend-repeats/paraphrase-sc.jsonl", None),
     "blend-check-role-sc": ("blend-check/role-sc.jsonl", None),
     "agents-steady": ("agents/agents-steady.jsonl", None),
+    "agents-steady-reading": ("agents-reading/agents-steady.jsonl", None),
+    "agents-steady-reading-floor": ("agents-reading-floor/agents-steady.jsonl", None),
     "bon-grader-steady": ("agents/bon-grader-steady.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),

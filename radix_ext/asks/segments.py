@@ -116,8 +116,8 @@ class ContentIndex:
             _node_windows(node).add(window)
             index.live += 1
             self.windows += 1
-            if len(places) > MAX_OCCURRENCES:
-                self.drop(places[0])
+            if len(places) > MAX_OCCURRENCES:  # the oldest private place goes first: exact text stays findable
+                self.drop(next((w for w in places if hasattr(w.node, BASE_KEY_ATTR)), places[0]))
             while index.live > MAX_WINDOWS_PER_GROUP:
                 self._drop_oldest(group)
             while self.windows > MAX_WINDOWS:

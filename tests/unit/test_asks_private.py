@@ -94,6 +94,17 @@ class TestKept:
         assert segment.donor_slots.tolist() == exact_slots[start + 4: start + 4 + segment.length]
 
 
+    def test_private_copies_never_push_the_exact_place_out_of_a_windows_places(self):
+        cache = make()
+        donor = HEAD + OPEN_B[:1] + [99] + SHARED + QUESTION
+        member(cache, donor)  # SHARED exactly, first
+        for i in range(asks_segments.MAX_OCCURRENCES + 2):  # then more blended copies than a window keeps
+            blended(cache, tokens=HEAD + [90 + i] + OPEN_B + SHARED + QUESTION)
+        places = cache.asks.index.groups[GROUP].places[asks_segments.digest_of(SHARED[8:16])]
+        assert len(places) == asks_segments.MAX_OCCURRENCES
+        assert sum(not hasattr(w.node, asks_segments.BASE_KEY_ATTR) for w in places) == 1
+
+
 class TestNotKept:
     def test_off_aborted_or_without_group_the_tail_is_freed(self):
         for cache, kwargs in ((make(blended_donors=False), {}),

@@ -55,6 +55,7 @@ from rksc_sgl.endpoint import flush_server
 
 ROUTER_ENV = "RKSC_ROUTER_PYTHON"
 FRONT_VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-front" / "bin" / "python"
+WORKER = "rksc_sgl.launch_server"  # each worker: python -m WORKER worker_args
 # Our policy name -> sglang-router's flags.
 POLICIES = {
     "pinned": ["--policy", "manual", "--assignment-mode", "min_group"],
@@ -152,16 +153,16 @@ class Cluster:
         self.worker_args = list(worker_args)
         self.keys = ClusterKeys.of(self.worker_args)
         self.env = worker_env(workers, flag_value(worker_args, "device") in (None, "cpu"))
-        self.workers = [servers.spawn("rksc_sgl.launch_server", self.worker_args, self.log_dir / f"worker{i}.log",
-                                      self.env) for i in range(workers)]
+        logs = [self.log_dir / f"worker{i}.log" for i in range(workers)]
+        self.workers = [servers.spawn(WORKER, self.worker_args, log, self.env) for log in logs]
         self.router = None
         try:
-            for i, (proc, url) in enumerate(self.workers):
+            for i, log in enumerate(logs):  # all start at once; one whose port was taken starts again
                 try:
-                    servers.wait_healthy(url, proc, timeout_s)
-                except Exception as e:
-                    log = (self.log_dir / f"worker{i}.log").read_text()[-3000:]
-                    raise RuntimeError(f"worker {i} failed to start ({e}); log:\n{log}") from None
+                    self.workers[i] = servers.settle(self.workers[i], WORKER, self.worker_args, log, self.env,
+                                                     timeout_s)
+                except RuntimeError as e:
+                    raise RuntimeError(f"worker {i}: {e}") from None
         except BaseException:
             self.stop()
             raise
@@ -208,7 +209,7 @@ class Cluster:
         """Start worker ``i`` again, on its old port (the router knows it by URL), until it serves."""
         url = self.workers[i][1]
         log = self.log_dir / f"worker{i}-restart.log"
-        proc, _ = servers.spawn("rksc_sgl.launch_server", self.worker_args, log, self.env,
+        proc, _ = servers.spawn(WORKER, self.worker_args, log, self.env,
                                 port=int(url.rsplit(":", 1)[1]))
         self.workers[i] = (proc, url)
         servers.wait_healthy(url, proc, timeout_s)

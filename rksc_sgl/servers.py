@@ -32,7 +32,7 @@ def free_port() -> int:
 # words alone could be in a logged prompt or error.
 PORT_TAKEN = re.compile(r"^.*ERROR:\s+\[Errno \d+\] error while attempting to bind on address .*: "
                         r"address already in use$", re.MULTILINE)
-START_ATTEMPTS = 3  # http_server: fresh ports tried when another process took the chosen one first
+START_ATTEMPTS = 3  # settle: fresh ports tried when another process took the chosen one first
 
 
 class PortTaken(RuntimeError):
@@ -91,25 +91,35 @@ def spawn(module: str, args: list[str], log: Path, env: dict[str, str] | None = 
     return proc, f"http://{local}:{port}"
 
 
+def settle(spawned: tuple[subprocess.Popen, str], module: str, args: list[str], log: Path,
+           env: dict[str, str] | None = None, timeout_s: float = 240,
+           python: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """A ``spawn``ed server once it serves a generation: started again on a fresh port when its log
+    shows another process took its port first (``START_ATTEMPTS`` in all); stopped, and
+    RuntimeError with the log's tail, if it cannot start."""
+    proc, url = spawned
+    for attempt in range(1, START_ATTEMPTS + 1):
+        if attempt > 1:
+            proc, url = spawn(module, args, log, env, python=python)
+        try:
+            wait_healthy(url, proc, timeout_s, log=log)
+            return proc, url
+        except PortTaken:
+            stop(proc, timeout_s=5)
+        except Exception as e:
+            stop(proc, timeout_s=5)
+            raise RuntimeError(f"python -m {module} failed to start ({e}); log:\n{log.read_text()[-4000:]}") from None
+    raise RuntimeError(f"python -m {module}: {START_ATTEMPTS} ports taken before it could bind; "
+                       f"log:\n{log.read_text()[-4000:]}")
+
+
 @contextlib.contextmanager
 def http_server(module: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
                 timeout_s: float = 240) -> Iterator[str]:
     """``python -m module args`` on a free loopback port: its base URL once it serves a
     generation; stopped on exit. ``log_dir/server.log`` keeps its output (shown if start-up fails)."""
     log = Path(log_dir) / "server.log"
-    for attempt in range(1, START_ATTEMPTS + 1):
-        proc, url = spawn(module, args, log, env)
-        try:
-            wait_healthy(url, proc, timeout_s, log=log)
-            break
-        except PortTaken:
-            stop(proc, timeout_s=5)
-            if attempt == START_ATTEMPTS:
-                raise RuntimeError(f"python -m {module}: {START_ATTEMPTS} ports taken before it could bind; "
-                                   f"log:\n{log.read_text()[-4000:]}") from None
-        except Exception:
-            stop(proc, timeout_s=5)
-            raise RuntimeError(f"python -m {module} failed to start; log:\n{log.read_text()[-4000:]}") from None
+    proc, url = settle(spawn(module, args, log, env), module, args, log, env, timeout_s)
     try:
         yield url
     finally:

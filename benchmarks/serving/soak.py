@@ -202,9 +202,10 @@ def run(settings: SoakSettings, server_args: list[str], log_dir: Path, progress:
     from benchmarks.serving.load import LoadSettings, prompts
 
     questions = prompts(LoadSettings(programs=32, shots=2))
-    proc, url = servers.spawn("rksc_sgl.launch_server", server_args, log_dir / "server.log")
+    log = log_dir / "server.log"
+    proc, url = servers.settle(servers.spawn("rksc_sgl.launch_server", server_args, log),
+                               "rksc_sgl.launch_server", server_args, log)
     try:
-        servers.wait_healthy(url, proc)
         traffic = Traffic(url, settings, questions)
         outcomes: collections.Counter = collections.Counter()
         errors: list[str] = []

@@ -1,5 +1,6 @@
-"""``rksc_sgl.servers.http_server``: a server whose chosen port another process took first (SGLang's
-server then keeps running without HTTP) is stopped at once and started again on a fresh port."""
+"""``rksc_sgl.servers.settle`` (behind ``http_server`` and the router's workers): a server whose chosen
+port another process took first (uvicorn then exits with status 3, after SGLang's warmup has posted to
+the other process's port) is stopped at once and started again on a fresh port."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_a_taken_port_is_named_by_the_log(tmp_path):
 
 def fake_spawn(outcomes: list[str], calls: list[str]):
     """A spawn whose n-th server logs ``outcomes[n]`` ("taken" or "ok") and idles."""
-    def spawn(module, args, log, env=None):
+    def spawn(module, args, log, env=None, python=None):
         outcome = outcomes[len(calls)]
         calls.append(outcome)
         log.write_text(TAKEN if outcome == "taken" else "ready\n")
@@ -66,3 +67,17 @@ def test_the_wait_stops_as_soon_as_the_log_shows_the_port_taken(tmp_path):
     log.write_text(TAKEN)
     with pytest.raises(servers.PortTaken):
         servers.wait_healthy("http://127.0.0.1:9", None, timeout_s=30, log=log)
+
+
+def test_a_router_worker_whose_port_was_taken_starts_again(tmp_path, monkeypatch):
+    from rksc_sgl import launch_router
+
+    calls: list[str] = []
+    monkeypatch.setattr(servers, "spawn", fake_spawn(["ok", "taken", "ok"], calls))
+    monkeypatch.setattr(servers, "wait_healthy", fake_health)
+    cluster = launch_router.Cluster(2, [], tmp_path, python=sys.executable)
+    try:
+        assert cluster.worker_urls == ["http://127.0.0.1:1", "http://127.0.0.1:3"]
+        assert calls == ["ok", "taken", "ok"]
+    finally:
+        cluster.stop()

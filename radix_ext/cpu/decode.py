@@ -16,8 +16,10 @@ products and sums. So a step's numbers are SGLang's bit for bit
 float rounding, since which requests share a step differs between two engines). It applies only
 where that holds: a decode batch of a plain Llama / Qwen2 stack on one rank, unquantized linears
 at tensor parallel 1, no module hooks, no captured hidden states; anything else keeps SGLang's
-forward. ``RKSC_CPU_LEAN_DECODE=0`` turns it off (ablations). How many decode steps took each
-path, and why a model keeps SGLang's, is in the server's internal state (``rksc_decode``).
+forward. ``RKSC_CPU_LEAN_DECODE=0`` turns it off (ablations). With int8 linears the loop's layers
+run in one C++ call where the model allows it (``radix_ext.cpu.decode_stack``, the same bits;
+``RKSC_CPU_DECODE_LAYERS=0`` keeps the Python loop). How many decode steps took each path, and why
+a model keeps SGLang's or the Python loop, is in the server's internal state (``rksc_decode``).
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ from typing import Any
 
 import torch
 
-from radix_ext.cpu import kernels
+from radix_ext.cpu import decode_stack, kernels
 from radix_ext.model_stack import TARGETS, plain_call, plain_stack
 
 LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
 PLAN_ATTR = "_rksc_lean_decode_plan"  # on the model: its LayerPlan list, or the reason it has none
-_counts = {"lean_steps": 0, "stock_steps": 0, "unsupported": None}  # this scheduler's decode steps
+_counts = {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0,  # this scheduler's decode steps
+           "unsupported": None, "layers_unsupported": None}
 
 
 def stats() -> dict[str, Any]:
-    """``{"lean_steps", "stock_steps", "unsupported"}``: decode steps run here by ``_decode`` and by
-    SGLang's forward since start-up, and why the model keeps SGLang's (None: it does not)."""
+    """Decode steps run here since start-up by ``decode_stack.decode`` (``layers_steps``: the
+    layers in one C++ call), by ``_decode`` (``lean_steps``: the Python loop) and by SGLang's
+    forward (``stock_steps``); why the last step kept SGLang's forward (``unsupported``) and why
+    the last lean step kept the Python loop (``layers_unsupported``); None: it did not."""
     return dict(_counts)
 
 
@@ -174,8 +179,13 @@ def lean_decode(original, model, input_ids, positions, forward_batch, *args, **k
         _counts["stock_steps"] += 1
         _counts["unsupported"] = plans if isinstance(plans, str) else "attention-backend"
         return original(model, input_ids, positions, forward_batch, *args, **kwargs)
-    _counts["lean_steps"] += 1
-    return _decode(model, plans, backend, input_ids, positions, forward_batch)
+    stack = decode_stack.for_step(model, plans, backend)
+    if isinstance(stack, str):
+        _counts["lean_steps"] += 1
+        _counts["layers_unsupported"] = stack
+        return _decode(model, plans, backend, input_ids, positions, forward_batch)
+    _counts["layers_steps"] += 1
+    return decode_stack.decode(model, stack, backend, input_ids, positions, forward_batch)
 
 
 @torch.no_grad()
@@ -211,9 +221,12 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
 
 
 def install() -> None:
-    """On SGLang's CPU path, unless ``RKSC_CPU_LEAN_DECODE=0`` (a value other than 0 or 1 stops
-    start-up, naming the variable)."""
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" or not enabled():
+    """On SGLang's CPU path, unless ``RKSC_CPU_LEAN_DECODE=0`` (a value other than 0 or 1 there or
+    in ``RKSC_CPU_DECODE_LAYERS`` stops start-up, naming the variable)."""
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        return
+    decode_stack.enabled()
+    if not enabled():
         return
     from radix_ext import hooks
 

@@ -1,7 +1,8 @@
 """The CPU kernels of ``--cpu-linear-dtype int8`` (x86 with AVX-512 VNNI): int8-weight linears, a
-fused residual add + RMSNorm, and the invariant causal attention of the ``rksc_cpu`` backend
-(``radix_ext.cpu.attention``), in ``kernels.cpp``, compiled once per source and torch version into
-the user cache; the weight packing, and the calls.
+fused residual add + RMSNorm and the neox rotation (``kernels.cpp``), the invariant causal attention
+of the ``rksc_cpu`` backend (``radix_ext.cpu.attention``; ``causal_attention.cpp``) and every decoder
+layer of a decode step in one call (``radix_ext.cpu.decode_stack``; ``decode_layers.cpp``), compiled
+together once per source and torch version into the user cache; the weight packing, and the calls.
 
 **Why.** A one-stream decode step reads every weight once, and the step's linears are most of its
 time (``docs/benchmarks.md``, "Where a decode step's time goes"). oneDNN's packed bf16 GEMV reads
@@ -21,7 +22,7 @@ inputs, this kernel, 15 (51); bf16 linears 14 (52). ``python -m benchmarks.speed
 --cpu-linear-dtype int8`` measures the kernel's agreement beside its speed. The norm computes
 SGLang's products; only its sum of squares is added in another order.
 
-**Build.** ``python -m radix_ext.cpu.kernels`` (``make model`` runs it) compiles the source with
+**Build.** ``python -m radix_ext.cpu.kernels`` (``make model`` runs it) compiles the sources with
 the C++ compiler ``$CXX`` (default ``g++``) against the installed torch's headers, about 10 s,
 into ``<cache>/kernels/`` (``rksc_sgl.config.cache_dir``); the first engine that needs it
 builds it otherwise. ``unsupported()`` names what is missing on a machine where it cannot run.
@@ -29,6 +30,7 @@ builds it otherwise. ``unsupported()`` names what is missing on a machine where 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -40,7 +42,9 @@ import torch
 
 from rksc_sgl.config import cache_dir, cxx_compiler, int8_linears_unsupported
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "kernels.cpp", HERE / "causal_attention.cpp", HERE / "decode_layers.cpp")  # one library
+HEADERS = (HERE / "kernels.h",)
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw",
                  "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-w")
 BLOCK = 16  # output columns per packed block (one zmm of int32 sums)
@@ -54,14 +58,16 @@ def unsupported() -> str | None:
 
 
 def library_path() -> Path:
-    """Where the build of this source, for this torch and these flags, lives."""
-    key = hashlib.sha256(SOURCE.read_bytes())
+    """Where the build of these sources and headers, for this torch and these flags, lives."""
+    key = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        key.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     key.update(f"{torch.__version__}|{sys.version_info[:2]}|{cxx_compiler()}|{' '.join(COMPILE_FLAGS)}".encode())
     return cache_dir() / "kernels" / f"rksc_cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
 def build() -> Path:
-    """Compile the kernel unless this build exists; returns its path. Safe against a concurrent build
+    """Compile the kernels unless this build exists; returns its path. Safe against a concurrent build
     (each writes its own file and renames it into place)."""
     target = library_path()
     if target.is_file():
@@ -74,14 +80,22 @@ def build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    compiler = [cxx_compiler(), *COMPILE_FLAGS]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        jobs = [subprocess.Popen([*compiler, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                                  *(f"-I{p}" for p in cpp_extension.include_paths()), "-c", str(source),
+                                  "-o", str(obj)], stderr=subprocess.PIPE, text=True)
+                for source, obj in zip(SOURCES, objects)]  # side by side: the slowest source's time
+        errors = [job.communicate()[1] for job in jobs]
+        for source, job, stderr in zip(SOURCES, jobs, errors):
+            if job.returncode:
+                raise RuntimeError(f"int8 linears: compiling {source.name} failed:\n{stderr[-4000:]}")
         out = Path(tmp) / target.name
-        cmd = [cxx_compiler(), *COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(out),
-               f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run([*compiler, *map(str, objects), "-o", str(out), f"-L{lib}", f"-Wl,-rpath,{lib}",
+                               "-lc10", "-ltorch_cpu"], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"int8 linears: compiling {SOURCE.name} failed:\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"int8 linears: linking {target.name} failed:\n{done.stderr[-4000:]}")
         os.replace(out, target)
     return target
 
@@ -159,12 +173,44 @@ def rope_neox(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor)
 def causal_attention(query: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, table: torch.Tensor,
                      req_rows: torch.Tensor, row_offsets: torch.Tensor, row_positions: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """Causal attention of query rows at given positions of their requests (``kernels.cpp`` says
+    """Causal attention of query rows at given positions of their requests (``causal_attention.cpp`` says
     how each row's sums run, so that its output does not depend on the rows computed beside it).
     query [T, q_heads, D] float32; k_buffer / v_buffer: the pool [slots, kv_heads, D / Dv];
     table [R, W] int32 (SGLang's ``req_to_token``); req_rows [B] int64; row_offsets [B + 1] int64;
     row_positions [T] int64 -> [T, q_heads, Dv]."""
     return _ops().causal_attention(query, k_buffer, v_buffer, table, req_rows, row_offsets, row_positions, scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerWeights:
+    """What ``decode_layers`` reads of every decoder layer, in layer order (gathered once per model
+    by ``radix_ext.cpu.decode_stack``). ``norms`` [2 L]: each layer's input and post-attention norm
+    weights, float32 [H], at ``eps`` [2 L]; ``linears`` [4 L]: its qkv, o, gate_up and down weights
+    as ``pack`` gives them, ``widths`` [4 L] their output widths; ``scales`` [L]: its attention's
+    scaling; every layer has ``q_heads`` and ``kv_heads`` heads of ``head_dim``."""
+
+    norms: list[torch.Tensor]
+    eps: list[float]
+    linears: list[torch.Tensor]
+    widths: list[int]
+    scales: list[float]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def decode_layers(hidden: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
+                  k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], out_cache_loc: torch.Tensor,
+                  table: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decoder layer of a decode step in one call (``decode_layers.cpp`` lists what each
+    layer runs): hidden [n, H] float32, the embedding's output; cos / sin [n, 1, head_dim / 2];
+    k_buffers / v_buffers: the KV pool's [slots, kv_heads, head_dim] per layer, written at
+    out_cache_loc [n]; table and rows (``radix_ext.cpu.attention.QueryRows``) as
+    ``causal_attention`` takes them -> (hidden, residual) [n, H] before the stack's final norm."""
+    w = weights
+    return _ops().decode_layers(hidden, w.norms, w.eps, w.linears, w.widths, cos, sin, k_buffers, v_buffers,
+                                out_cache_loc, table, rows.req_rows, rows.offsets, rows.positions, w.q_heads,
+                                w.kv_heads, w.head_dim, w.scales)
 
 
 def use_fused_norms(model: torch.nn.Module) -> int:
@@ -197,6 +243,7 @@ def _fused_forward(norm):
         out, total = add_rms_norm(x, residual, norm.weight.data, norm.variance_epsilon)
         return out if residual is None else (out, total)
 
+    fused_rms_norm.rksc_norm = norm  # how radix_ext.cpu.decode_stack knows whose weights it reads
     return fused_rms_norm  # the name benchmarks.decode_profile knows it by
 
 

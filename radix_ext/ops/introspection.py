@@ -8,7 +8,8 @@ tokens, and the scheduler's ``queued_requests`` and ``running_requests``. ``evic
 AFTER hooks on the two eviction entry points that free KV: ``RadixCache.evict`` (Python tree, our
 backend's parent) and ``UnifiedRadixCache._evict`` (SGLang's default, Rust tree core). Reading it
 is only meaningful while no request runs. It also adds ``rksc_decode``: how many decode steps
-took the lean loop of ``radix_ext.cpu.decode`` and SGLang's forward.
+took the one-call layers of ``radix_ext.cpu.decode_stack``, the lean loop of ``radix_ext.cpu.decode``
+and SGLang's forward (``radix_ext.cpu.decode.stats``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ sampled one are compared as ``test_fast_decode`` compares engines (log-probabili
 float rounding; a sequence may part ways only at a near-tie). If SGLang's decoder layer changes
 underneath (another norm placement, a fused op resolved differently), these are the tests that
 fail. The readback proves the loop ran, and that the other engine never took it. The same holds
-with ``--cpu-linear-dtype int8`` (its fused norm serves both engines).
+with ``--cpu-linear-dtype int8`` (its fused norm serves both engines), where the loop's layers run
+in one C++ call (``radix_ext.cpu.decode_stack``; ``test_decode_layers`` compares it with the Python
+loop).
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def test_one_stream_is_bitwise_sglangs(engines):
     assert ours == run(plain, PROMPTS[1:2], params)
     after = decode_stats(lean)
     assert after["lean_steps"] - before == 31, after  # every step after the prefill's token
-    assert after["unsupported"] is None and after["stock_steps"] == 0, after
-    assert decode_stats(plain) == {"lean_steps": 0, "stock_steps": 0, "unsupported": None}
+    assert after["unsupported"] is None and after["stock_steps"] == after["layers_steps"] == 0, after
+    assert after["layers_unsupported"] == "int8-kernels-off", after  # float32 linears: the Python loop
+    assert decode_stats(plain) == {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0, "unsupported": None,
+                                   "layers_unsupported": None}
 
 
 def test_greedy_ragged_batch(engines):
@@ -99,17 +103,19 @@ def test_seeded_sampling(engines):
 
 @pytest.mark.skipif(kernels.unsupported() is not None, reason=f"int8 linears: {kernels.unsupported()}")
 def test_one_stream_is_bitwise_sglangs_with_int8_linears_and_fused_norms():
-    """int8 points the norms of both engines at the fused one, and the lean loop rotates with
-    ``rope_neox``, which gives ``_rotate``'s bits: still SGLang's step, bit for bit."""
+    """int8 points the norms of both engines at the fused one, and the lean decode runs its layers in
+    one ``decode_layers`` call, whose rotation (``rope_neox``) gives ``_rotate``'s bits: still
+    SGLang's step, bit for bit."""
     params = [{"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}]
     results = []
     for env in ({}, {"RKSC_CPU_LEAN_DECODE": "0"}):
         engine = launch(env, "int8")
         try:
             results.append(run(engine, PROMPTS[1:2], params))
-            results.append(decode_stats(engine)["lean_steps"])
+            stats = decode_stats(engine)
+            results.append((stats["layers_steps"], stats["lean_steps"]))
         finally:
             engine.shutdown()
     ours, lean_steps, theirs, plain_steps = results
-    assert (lean_steps, plain_steps) == (31, 0)
+    assert (lean_steps, plain_steps) == ((31, 0), (0, 0))
     assert ours == theirs

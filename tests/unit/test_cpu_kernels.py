@@ -137,13 +137,20 @@ def test_the_compiler_is_looked_up_once_per_name(monkeypatch):
         config._which.cache_clear()  # no answer of the patched lookup stays behind for later tests
 
 
-def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path):
+def test_the_build_is_keyed_by_every_source_and_header(monkeypatch, tmp_path):
     monkeypatch.setenv("RKSC_SGL_CACHE", str(tmp_path))
     first = kernels.library_path()
-    source = tmp_path / "kernels.cpp"
-    source.write_text(kernels.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(kernels, "SOURCE", source)
-    assert kernels.library_path() != first and kernels.library_path().parent == tmp_path / "kernels"
+    assert first.parent == tmp_path / "kernels"
+    files = {"SOURCES": kernels.SOURCES, "HEADERS": kernels.HEADERS}
+    assert {p.name for p in kernels.SOURCES} == {p.name for p in kernels.HERE.glob("*.cpp")}  # none left out
+    for attr, paths in files.items():
+        for i, path in enumerate(paths):
+            changed = tmp_path / path.name
+            changed.write_text(path.read_text() + "\n// changed\n")
+            with monkeypatch.context() as patch:
+                patch.setattr(kernels, attr, (*paths[:i], changed, *paths[i + 1:]))
+                assert kernels.library_path() != first, path.name
+    assert kernels.library_path() == first
 
 
 def test_add_rms_norm_is_sglangs_rmsnorm_up_to_the_order_of_its_sum():

@@ -37,6 +37,12 @@ from rksc_sgl.protocol import AsksOptions
 GRADER_SYSTEM = ("You are a strict grader. You read a question and a proposed solution, check every step, "
                  "and say whether its final answer is correct.")
 GRADER_QUESTION = "Is the proposed solution correct? Answer Yes or No."
+# The blend gate each grader request asks for (AsksOptions.max_deviation), twice the server's
+# default: a candidate's KV, computed in the solver's assistant turn, moves further in the grader's
+# user turn than a shared text does after another opening, so the default gate sends back most of
+# it; the grader reads one token. On bon-grader-steady (docs/benchmarks.md, "the grader's gate")
+# 0.05 picked exact's candidate as often as float32 linears do or more, 0.1 less often.
+GRADER_MAX_DEVIATION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +97,13 @@ def verdict(text: str) -> str | None:
     return word if word in ("yes", "no") else None
 
 
-def grade(problem: Problem, solution: str, backend, group: str, recompute: float | None = None):
+def grade(problem: Problem, solution: str, backend, group: str, recompute: float | None = None,
+          max_deviation: float | None = GRADER_MAX_DEVIATION):
     """One grader request: its output (``ParaBranch``), P(Yes), time to first token and latency."""
     yes_ids, no_ids = verdict_token_ids(backend)
+    options = AsksOptions(group=group, recompute=recompute, max_deviation=max_deviation)
     body = request_body(prompt_of(backend, problem, solution), max_new_tokens=1, temperature=0.0,
-                        top_logprobs_num=TOP_LOGPROBS,
-                        custom_params=AsksOptions(group=group, recompute=recompute).to_custom_params(),
+                        top_logprobs_num=TOP_LOGPROBS, custom_params=options.to_custom_params(),
                         token_ids_logprob=[*yes_ids, *no_ids])
     out = generate_timed(backend, body, routing_key=group)
     logprobs = {i: lp for lp, i, *_ in out.meta_info["output_token_ids_logprobs"][0]}
@@ -111,10 +118,11 @@ def prompt_of(backend, problem: Problem, solution: str) -> str:
 
 def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *, first_index: int = 0,
                 exemplars: tuple[Problem, ...] = (), chunk: int = 16, recompute: float | None = None,
-                run_key: str | None = None) -> GraderRun:
+                max_deviation: float | None = GRADER_MAX_DEVIATION, run_key: str | None = None) -> GraderRun:
     """Every problem, ``chunk`` at a time: sample its candidates, then grade each (module
     docstring). Problem ``i`` is index ``first_index + i``: its seeds and its group under
-    ``run_key`` (default fresh); ``recompute``: the blend share the grader requests ask for."""
+    ``run_key`` (default fresh); ``recompute``, ``max_deviation``: the blend share and gate the
+    grader requests ask for (None: the server's)."""
     run_key = run_key or new_run_key()
     results, sample_s, grade_s, grade_tokens = [], 0.0, 0.0, None
     for start in range(0, len(problems), chunk):
@@ -126,7 +134,8 @@ def solve_batch(problems: list[Problem], config: SamplingConfig, backend, *, fir
         t1, before = time.perf_counter(), backend.counters_snapshot()
         jobs = [(p, g, solution) for p, g, out in zip(part, groups, branches) for _, solution, *_ in out]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            graded = list(pool.map(lambda job: grade(job[0], job[2], backend, job[1], recompute), jobs))
+            graded = list(pool.map(lambda job: grade(job[0], job[2], backend, job[1], recompute, max_deviation),
+                                   jobs))
         t2, tokens = time.perf_counter(), backend.counters_snapshot() - before
         sample_s, grade_s = sample_s + t1 - t0, grade_s + t2 - t1
         grade_tokens = tokens if grade_tokens is None else grade_tokens + tokens

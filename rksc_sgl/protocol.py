@@ -214,11 +214,13 @@ class AsksOptions:
     request without one is never rewritten or blended, and its commits leave no signature
     (``docs/asks.md``). ``enabled=False`` keeps its prompt and KV exactly as computed.
     ``recompute``: under blend, this request's share of reused tokens recomputed (0 to 1; None:
-    the server's ``--asks-recompute``)."""
+    the server's ``--asks-recompute``). ``max_deviation``: under blend, this request's gate (a
+    number > 0; None: the server's ``--asks-max-deviation``)."""
 
     enabled: bool = True
     group: str | None = None
     recompute: float | None = None
+    max_deviation: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -231,6 +233,10 @@ class AsksOptions:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 <= value <= 1):
             raise ValueError(f"custom_params.{ASKS_KEY}.recompute must be a number in [0, 1], got {value!r}")
+        value = self.max_deviation
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or math.isnan(value) or value <= 0):
+            raise ValueError(f"custom_params.{ASKS_KEY}.max_deviation must be a number > 0, got {value!r}")
 
     def to_custom_params(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {"enabled": self.enabled}
@@ -238,11 +244,13 @@ class AsksOptions:
             entry["group"] = self.group
         if self.recompute is not None:
             entry["recompute"] = float(self.recompute)
+        if self.max_deviation is not None:
+            entry["max_deviation"] = float(self.max_deviation)
         return {**(base or {}), ASKS_KEY: entry}
 
     @classmethod
     def from_custom_params(cls, custom_params: Any) -> "AsksOptions":
-        values = custom_params_entry(custom_params, ASKS_KEY, ("enabled", "group", "recompute"))
+        values = custom_params_entry(custom_params, ASKS_KEY, ("enabled", "group", "recompute", "max_deviation"))
         return cls() if values is None else cls(**values)
 
 

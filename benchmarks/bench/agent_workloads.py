@@ -96,14 +96,17 @@ def run_agents(problems, backend, mode, settings, exemplars, *, steady: bool = F
 def run_bon_grader(problems, backend, mode, settings, exemplars, *, steady: bool = False,
                    on_measure: Callable[[], None] = lambda: None) -> Phase:
     from programs.agents import new_run_key
-    from programs.grader import solve_batch
+    from programs.grader import GRADER_MAX_DEVIATION, solve_batch
 
     key = new_run_key()
+    # The program's own gate, unless the mode sets the server's (asks-check@, asks-blend@: the curves;
+    # benchmarks.bench.workloads' request_gate says the same in the rows)
+    gate = GRADER_MAX_DEVIATION if mode.max_deviation is None else None
     graded, reference_s, reference_tokens = _warm_then_measure(
         backend, problems, steady, on_measure,
         lambda part, first: solve_batch(part, settings, backend, first_index=first, exemplars=exemplars,
                                         chunk=settings.max_concurrency or DEFAULT_ROUND, recompute=mode.recompute,
-                                        run_key=key))
+                                        max_deviation=gate, run_key=key))
     stats = {"verify_s": round(graded.grade_s, 3), "sample_s": round(graded.sample_s, 3),
              "verify_prefill_tokens": graded.grade_tokens.prefill_tokens,
              "verify_requests": graded.grade_tokens.requests}

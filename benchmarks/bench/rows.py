@@ -104,7 +104,10 @@ def blend_columns(args, mode, r, by_mode) -> dict:
     computed = sum(c.prefill_tokens for c in r["counters"])
     exact = by_mode.get("exact")
     exact_computed = sum(c.prefill_tokens for c in exact["counters"]) if exact else None
-    gate = mode.rksc_config().asks_max_deviation if mode.effective_asks_mode == "blend" else None
+    gate = None
+    if mode.effective_asks_mode == "blend":  # the requests' own gate where the mode leaves the server's default
+        own = args.workload_obj.request_gate
+        gate = own if own is not None and mode.max_deviation is None else mode.rksc_config().asks_max_deviation
     out = {"asks_mode": mode.effective_asks_mode, "asks_recompute_asked": mode.recompute,
            "asks_max_deviation": gate if gate is not None and math.isfinite(gate) else None,
            "seed_offset": mode.seed_offset or None,

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from benchmarks.bench import agent_workloads as agents
 from benchmarks.bench.modes import Mode
 from programs.datasets import DATASETS, READING_DATASETS, Problem
+from programs.grader import GRADER_MAX_DEVIATION
 from programs.sampling import SamplingConfig
 from rksc_sgl.adaptive import StopRule
 
@@ -107,6 +108,9 @@ class Workload:
     default_max_new_tokens: int | None = None  # --max-new-tokens when not given (None: BenchSettings')
     min_problems: int = 1  # --limit at least this (a steady state: a warm-up half and a measured half)
     branches_vote: bool = True  # its branches are votes (the stop rules' curve replays them); agents' are not
+    # The blend gate its requests ask for (AsksOptions.max_deviation) where the mode leaves the
+    # server's at its default; None: the server's (bon-grader: programs.grader.GRADER_MAX_DEVIATION).
+    request_gate: float | None = None
 
 
 def digest(text: str) -> str:
@@ -299,12 +303,12 @@ def _grader_run(results, stats, **extra) -> WorkloadRun:
 
 
 def _agent_workload(name: str, run_phase, build, columns, *, steady: bool, shots: int | None,
-                    votes: bool, datasets: tuple[str, ...] = DATASETS) -> Workload:
+                    votes: bool, datasets: tuple[str, ...] = DATASETS, request_gate: float | None = None) -> Workload:
     """An ``agent_workloads`` workload on ``datasets`` (GSM8K by default), or its steady state."""
     return Workload(name, functools.partial(_run_phase, functools.partial(run_phase, steady=steady), build),
                     datasets, ("gsm8k",), default_shots=shots, branch_quality=True, columns=columns,
                     default_max_new_tokens=agents.DEFAULT_MAX_NEW_TOKENS, min_problems=2 if steady else 1,
-                    branches_vote=votes)
+                    branches_vote=votes, request_gate=request_gate)
 
 
 def _asks_seconds(backend) -> float:
@@ -327,7 +331,7 @@ WORKLOADS: dict[str, Workload] = {
                              votes=False, datasets=DATASETS + READING_DATASETS)
        for name, steady in (("agents", False), ("agents-steady", True))},
     **{name: _agent_workload(name, agents.run_bon_grader, _grader_run, agents.grader_columns, steady=steady,
-                             shots=None, votes=True)
+                             shots=None, votes=True, request_gate=GRADER_MAX_DEVIATION)
        for name, steady in (("bon-grader", False), ("bon-grader-steady", True))},
 }
 

@@ -44,6 +44,9 @@ PARTS = (
     ("rotary", ("rotary_embedding", "): _rotate", "): rope_neox")),  # the lean loop's own rotations
     ("activation", ("activation.py",)),
     ("sampling", ("sampler.py", "radix_ext/sampling/")),
+    # decode_stack.py: every decoder layer in one C++ call (int8): its norms, linears, attention and
+    # activation are one op there; RKSC_CPU_DECODE_LAYERS=0 splits them into the parts above
+    ("decoder layers, one call", ("radix_ext/cpu/decode_stack.py",)),
     ("model (other)", ("sglang/srt/models/", "radix_ext/cpu/decode.py")),  # decode.py: the lean loop
     ("scheduler", ("sglang/srt/",)),
 )

@@ -295,6 +295,7 @@ DOC_SECTIONS = {
     "agents-steady-reading": ("agents-reading/agents-steady.jsonl", None),
     "agents-steady-reading-floor": ("agents-reading-floor/agents-steady.jsonl", None),
     "bon-grader-steady": ("agents/bon-grader-steady.jsonl", None),
+    "bon-grader-gate": ("bon-grader-gate/bon-grader-steady.jsonl", None),
     "paraphrase-sc": ("paraphrase-sc.jsonl", None),
     "paraphrase-sc-3shot": ("paraphrase-sc-3shot/paraphrase-sc.jsonl", None),
     "tot": ("tot.jsonl", None),

@@ -295,7 +295,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
             own = forward_batch.out_cache_loc[rows].long()
             scores, relative = deviations(keys[own], values[own], rerotate(keys[donors], deltas, check.rotary_emb),
                                           values[donors])
-            plan.decision.max_deviation = state.blend.max_deviation  # the gate applies only here
+            plan.decision.max_deviation = _max_deviation(getattr(plan.req, OPTIONS_ATTR), state)  # only here
             plan.decision.deviating_tokens = int((relative > plan.decision.max_deviation).sum())
         chosen = select(plan.segments, plan.decision.recompute, selector, scores,
                         relative=relative, max_deviation=plan.decision.max_deviation)
@@ -382,6 +382,11 @@ def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
 
 def _recompute(options: AsksOptions, state) -> float:
     return state.blend.recompute if options.recompute is None else float(options.recompute)
+
+
+def _max_deviation(options: AsksOptions, state) -> float:
+    """The request's gate (``custom_params["rksc_asks"]["max_deviation"]``), else the server's."""
+    return state.blend.max_deviation if options.max_deviation is None else float(options.max_deviation)
 
 
 def install() -> None:

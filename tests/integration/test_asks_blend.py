@@ -109,6 +109,20 @@ class TestDefaultShare:
                     <= math.ceil(DEFAULT * covered) + report["deviating_tokens"]), report
             assert report["reused_tokens"] > 0.6 * report["prompt_tokens"], report
 
+    def test_a_request_asks_its_own_gate(self, default, problem):
+        """``custom_params["rksc_asks"]["max_deviation"]``: a loose gate flags no covered token,
+        a tight one nearly all, and each report names the gate it applied."""
+        backend, group, *_ = default
+        tail = user_prompt(problem[0], problem[1])
+        loose = generate(backend, group, EVAL.paraphrases[2], tail, max_deviation=1e9)
+        tight = generate(backend, group, EVAL.paraphrases[3], tail, max_deviation=1e-9)
+        assert loose["outcome"] == tight["outcome"] == "blended", (loose, tight)
+        assert (loose["max_deviation"], tight["max_deviation"]) == (1e9, 1e-9), (loose, tight)
+        covered = tight["reused_tokens"] + tight["recomputed_tokens"]
+        assert loose["deviating_tokens"] == 0 and tight["deviating_tokens"] > 0.9 * covered, (loose, tight)
+        assert loose["recomputed_tokens"] < 0.2 * covered < tight["recomputed_tokens"], (loose, tight)
+        assert_no_kv_leak(backend)
+
     def test_prefill_is_a_fraction_of_exact(self, default, stock):
         assert default[3].prefill_tokens < 0.6 * stock[1].prefill_tokens, (default[3], stock[1])
         assert default[3].prompt_tokens == stock[1].prompt_tokens  # the same words were sent
@@ -174,10 +188,10 @@ class TestAdmission:
         assert_no_kv_leak(backend)
 
 
-def generate(client, group: str, system: str, tail: str) -> dict:
+def generate(client, group: str, system: str, tail: str, max_deviation: float | None = None) -> dict:
     """Commit ``system``'s opening in ``group``, then generate one token from ``system + tail``
-    as a member of ``group``: the ASKS report."""
-    options = AsksOptions(group=group).to_custom_params()
+    as a member of ``group`` (asking gate ``max_deviation``, None: the server's): the ASKS report."""
+    options = AsksOptions(group=group, max_deviation=max_deviation).to_custom_params()
     client.prefill(client.chat_template.get_prefix_and_suffix("system", [])[0] + system, custom_params=options)
     out = client._generate_http_request(None, {"text": prompt_text(client.chat_template, system, tail),
                                                "sampling_params": {"max_new_tokens": 1, "custom_params": options}})

@@ -16,7 +16,7 @@ from benchmarks.bench.agent_workloads import (agent_columns, grader_columns, lat
 from benchmarks.bench.run import parse_args
 from programs.agents import AGENTS, problem_group, solve, user_message
 from programs.datasets import Problem
-from programs.grader import GRADER_QUESTION, grade, grader_message, pick, verdict
+from programs.grader import GRADER_MAX_DEVIATION, GRADER_QUESTION, grade, grader_message, pick, verdict
 from programs.sampling import SamplingConfig
 from programs.timed import generate_timed, request_body
 from rksc_sgl.endpoint import RkscEndpoint
@@ -126,7 +126,8 @@ class TestGrader:
         branch, p_yes, ttft, latency = grade(GSM, "3 + 4 = 7", backend, "grp", recompute=0.5)
         body, key = backend.sent[0]
         assert body["sampling_params"]["max_new_tokens"] == 1 and body["sampling_params"]["temperature"] == 0.0
-        assert body["sampling_params"]["custom_params"][ASKS_KEY] == {"enabled": True, "group": "grp", "recompute": 0.5}
+        assert body["sampling_params"]["custom_params"][ASKS_KEY] == {"enabled": True, "group": "grp", "recompute": 0.5,
+                                                                       "max_deviation": GRADER_MAX_DEVIATION}
         assert body["token_ids_logprob"] == [1, 2] and key == "grp" and "3 + 4 = 7" in body["text"]
         assert branch.answer == "yes" and p_yes == pytest.approx(1 / (1 + math.exp(-1.0)))
         assert 0 <= ttft <= latency

@@ -120,6 +120,15 @@ class TestGroupsAndPooling:
             with pytest.raises(ValueError, match="custom_params.rksc_asks.group must be a string of 1 to 128"):
                 AsksOptions.from_custom_params({"rksc_asks": {"group": bad}})
 
+    def test_a_requests_gate_round_trips_and_bad_gates_name_the_field(self):
+        params = AsksOptions(group="g", max_deviation=0.05).to_custom_params()
+        assert params == {"rksc_asks": {"enabled": True, "group": "g", "max_deviation": 0.05}}
+        assert AsksOptions.from_custom_params(params).max_deviation == 0.05
+        assert AsksOptions.from_custom_params({"rksc_asks": {"group": "g"}}).max_deviation is None  # the server's
+        for bad in (0, -0.1, float("nan"), "0.05", True):
+            with pytest.raises(ValueError, match="custom_params.rksc_asks.max_deviation must be a number > 0"):
+                AsksOptions.from_custom_params({"rksc_asks": {"max_deviation": bad}})
+
     def test_bad_pooling_names_the_flag(self):
         with pytest.raises(ValueError, match="--asks-pooling must be one of mean, last"):
             RkscConfig(asks_pooling="max")

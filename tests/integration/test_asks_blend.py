@@ -111,11 +111,12 @@ class TestDefaultShare:
 
     def test_a_request_asks_its_own_gate(self, default, problem):
         """``custom_params["rksc_asks"]["max_deviation"]``: a loose gate flags no covered token,
-        a tight one nearly all, and each report names the gate it applied."""
+        a tight one nearly all, and each report names the gate it applied. Openings the program's
+        branches did not use: a branch's own kept tail (the relay) stands at no distance at all."""
         backend, group, *_ = default
         tail = user_prompt(problem[0], problem[1])
-        loose = generate(backend, group, EVAL.paraphrases[2], tail, max_deviation=1e9)
-        tight = generate(backend, group, EVAL.paraphrases[3], tail, max_deviation=1e-9)
+        loose = generate(backend, group, EVAL.paraphrases[CONFIG.num_branches], tail, max_deviation=1e9)
+        tight = generate(backend, group, EVAL.paraphrases[CONFIG.num_branches + 1], tail, max_deviation=1e-9)
         assert loose["outcome"] == tight["outcome"] == "blended", (loose, tight)
         assert (loose["max_deviation"], tight["max_deviation"]) == (1e9, 1e-9), (loose, tight)
         covered = tight["reused_tokens"] + tight["recomputed_tokens"]

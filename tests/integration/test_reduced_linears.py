@@ -24,8 +24,12 @@ PROMPTS = [
 ]
 MOVED_AT_LEAST = 1e-4  # nats: float32 linears move a log-probability by ~1e-6, bf16 and int8 ones by far more
 # nats, the top token's log-probability at the first position: int8 weights (a scale per 32) round
-# coarser than bf16's 8-bit mantissa; int8 moved these four by at most 0.14
-MOVED_AT_MOST = {"bfloat16": 0.1, "int8": 0.25}
+# coarser than bf16's 8-bit mantissa; int8 moved these four by at most 0.14. oneDNN's bf16 linears
+# round differently at different row counts, so bf16's figure depended on how the scheduler
+# batched the four prompts: 0.09 to 0.135 on "Q: What is 17 + 25? A:" in four runs (a fresh-clone
+# CI run failed on the old bound, 0.1). Each prompt now runs alone on an empty cache (first_top),
+# one batching; the bound keeps room for another CPU's kernel choice.
+MOVED_AT_MOST = {"bfloat16": 0.2, "int8": 0.25}
 
 
 def launch(dtype: str):
@@ -47,10 +51,16 @@ def engines():
 
 
 def first_top(engine, prompts: list[str]) -> list[tuple[int, float]]:
-    outs = engine.generate(prompt=prompts, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                           return_logprob=True, top_logprobs_num=1)
-    return [(o["meta_info"]["output_top_logprobs"][0][0][1], o["meta_info"]["output_top_logprobs"][0][0][0])
-            for o in outs]
+    """(token, log-probability) of each prompt's first greedy token, each prompt alone on an empty
+    cache: one batching whatever the scheduler's timing."""
+    tops = []
+    for prompt in prompts:
+        engine.flush_cache()
+        out = engine.generate(prompt=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                              return_logprob=True, top_logprobs_num=1)
+        logprob, token = out["meta_info"]["output_top_logprobs"][0][0][:2]
+        tops.append((token, logprob))
+    return tops
 
 
 def reduced(engines, dtype: str):

@@ -71,7 +71,7 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
         "ASKS": (
             asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *model_stack.TARGETS,
             asks.asks_blend.ADD_ONE_REQ, "sglang.srt.managers.schedule_policy.AddReqResult.CONTINUE",
-            asks_order.CALC_PRIORITY, asks_order.ADD_CHUNKED_REQ, asks_order.INIT_BATCH,
+            asks_order.CALC_PRIORITY,
             f"{_RADIX}._delete_leaf", f"{_RADIX}.checkpoint", f"{_RADIX}._split_node",
             "sglang.srt.mem_cache.radix_cache.RadixKey.child_key_at",
             "sglang.srt.mem_cache.radix_cache.RadixKey.match_at",

@@ -107,9 +107,6 @@ class BlendCounters:
     seconds: float = 0.0  # scheduler time spent planning and copying KV
     kept_requests: int = 0  # finished blended requests whose approximate tail stayed (radix_ext.asks.private)
     kept_tokens: int = 0
-    light_requests: int = 0  # members predicted to reuse most of their prompt (radix_ext.asks.order)
-    chunked_requests: int = 0  # members that are not, prefilled in chunks while light ones came
-    parked_chunks: int = 0  # rounds such a member's next chunk sat out for a waiting light member
 
     def count(self, decision: BlendDecision) -> None:
         self.requests += 1
@@ -400,4 +397,5 @@ def install() -> None:
     for target in TARGETS:
         hooks.around(target, around_forward)
     hooks.around(ADD_ONE_REQ, hold_for_whole_prefill)
-    order.install()
+    hooks.around(ADD_ONE_REQ, order.hold_behind_light)
+    hooks.around(order.CALC_PRIORITY, order.light_first)

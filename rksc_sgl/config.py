@@ -153,10 +153,6 @@ class RkscConfig:
     # and its output) stays in the cache as a donor for its own group only, never matched by prefix
     # (radix_ext.asks.private); --no-asks-blended-donors frees it at release.
     asks_blended_donors: bool = True
-    # Blend's prefill order (radix_ext.asks.order): a member whose group's text covers at least half
-    # of its prompt prefills first, in a batch that requests computing in full wait out (at most 4
-    # batches), so its first token does not wait for their prefill; --no-asks-blend-first: SGLang's order.
-    asks_blend_first: bool = True
     # The CPU path's linears and LM head (radix_ext.cpu.speed, backend rksc_cpu): weights packed for
     # oneDNN in this dtype; "bfloat16" rounds each linear's input and output to bf16 and sums in
     # float32, at every batch size; "int8" (x86 with AVX-512 VNNI, radix_ext.cpu.kernels) keeps int8

@@ -6,9 +6,7 @@ to ``exact`` is how far two identical runs read apart on the machine, the resolu
 mode's ratio is read against; ``rksc-lru`` is our cache class (``radix_ext.eviction.backend``) under stock
 LRU with no mechanism on, so a table tells the class's cost from the policy's; ``rksc`` turns on every
 mechanism that has landed; the ``*-only`` modes are the ablations (``asks-only``: ASKS at the
-server's defaults, blend since issue 35); ``asks-sglang-order`` is ``asks-only`` with
-SGLang's prefill order (``--no-asks-blend-first``), so a table tells what blend's prefill order
-buys from what its reuse does; ``asks-adopt`` is ASKS in its wording-adoption mode;
+server's defaults, blend since issue 35); ``asks-adopt`` is ASKS in its wording-adoption mode;
 ``exact-reseed`` is ``exact`` sampling with another seed base (``RESEED_OFFSET``): its agreement
 with ``exact`` is the two-seed noise floor that quality against exact is read against;
 ``exact-float32`` is ``exact`` with float32 linears whatever the run's ``--cpu-linear-dtype``: in a
@@ -60,7 +58,6 @@ class Mode:
     max_deviation: float | None = None
     # Blend: the server's --asks-check-layers; None: RkscConfig's default.
     check_layers: int | None = None
-    blend_first: bool | None = None  # Blend: the server's --asks-blend-first; None: RkscConfig's default
     seed_offset: int = 0  # added to the run's --seed (exact-reseed: the two-seed noise floor)
     linear_dtype: str | None = None  # the CPU path's linears; None: the run's --cpu-linear-dtype
 
@@ -70,8 +67,6 @@ class Mode:
             asks["asks_max_deviation"] = self.max_deviation
         if self.check_layers is not None:
             asks["asks_check_layers"] = self.check_layers
-        if self.blend_first is not None:
-            asks["asks_blend_first"] = self.blend_first
         return RkscConfig(rsbcm="rsbcm" in self.mechanisms, asks="asks" in self.mechanisms, **asks)
 
     def engine_config(self, linear_dtype: str) -> RkscConfig:
@@ -112,7 +107,6 @@ MODES: dict[str, Mode] = {
     "group-stop+trace": Mode("group-stop+trace", adaptive=True, group_stop=True, trace_stop=True),
     "rksc": Mode("rksc", frozenset(MECHANISMS) & LANDED),
     "asks-only": Mode("asks-only", frozenset({"asks"})),
-    "asks-sglang-order": Mode("asks-sglang-order", frozenset({"asks"}), blend_first=False),
     "asks-adopt": Mode("asks-adopt", frozenset({"asks"}), asks_mode="adopt"),
     "exact-reseed": Mode("exact-reseed", seed_offset=RESEED_OFFSET),
     "exact-float32": Mode("exact-float32", linear_dtype="float32"),

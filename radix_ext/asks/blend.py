@@ -128,7 +128,6 @@ class BlendSettings:
     max_deviation: float = math.inf  # the gate; inf: the share alone
     check_layers: int = RkscConfig.asks_check_layers  # selector "deviation": the check's layers
     blended_donors: bool = RkscConfig.asks_blended_donors  # a finished blended request's tail: private donor
-    blend_first: bool = RkscConfig.asks_blend_first  # light members prefill first (radix_ext.asks.order)
 
 
 # ---- the forward ---------------------------------------------------------------------------
@@ -392,10 +391,7 @@ def _max_deviation(options: AsksOptions, state) -> float:
 
 def install() -> None:
     from radix_ext import hooks
-    from radix_ext.asks import order
 
     for target in TARGETS:
         hooks.around(target, around_forward)
     hooks.around(ADD_ONE_REQ, hold_for_whole_prefill)
-    hooks.around(ADD_ONE_REQ, order.hold_behind_light)
-    hooks.around(order.CALC_PRIORITY, order.light_first)

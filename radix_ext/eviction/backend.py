@@ -218,7 +218,6 @@ def asks_state(ctx: Any, config: RkscConfig) -> AsksState:
                                       config.asks_pooling)
     gate = Gate(config.asks_tau, config.asks_alpha, layers, num_layers, background, config.asks_pooling)
     blend = asks_blend.BlendSettings(config.asks_recompute, config.asks_select, config.asks_fresh_tail,
-                                     config.asks_max_deviation, config.asks_check_layers, config.asks_blended_donors,
-                                     config.asks_blend_first)
+                                     config.asks_max_deviation, config.asks_check_layers, config.asks_blended_donors)
     return AsksState(gate, config.asks_min_tail, int(config.asks_signature_cap_mb * 2**20), mode=config.asks_mode,
                      blend=blend)

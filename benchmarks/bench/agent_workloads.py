@@ -99,9 +99,7 @@ def run_bon_grader(problems, backend, mode, settings, exemplars, *, steady: bool
     from programs.grader import GRADER_MAX_DEVIATION, solve_batch
 
     key = new_run_key()
-    # The program's own gate, unless the mode sets the server's (asks-check@, asks-blend@: the curves;
-    # benchmarks.bench.workloads' request_gate says the same in the rows)
-    gate = GRADER_MAX_DEVIATION if mode.max_deviation is None else None
+    gate = mode.gate_asked(GRADER_MAX_DEVIATION)  # the program's own, unless the mode sets the server's
     graded, reference_s, reference_tokens = _warm_then_measure(
         backend, problems, steady, on_measure,
         lambda part, first: solve_batch(part, settings, backend, first_index=first, exemplars=exemplars,

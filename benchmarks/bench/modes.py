@@ -73,6 +73,12 @@ class Mode:
         """The engine's options in a run whose ``--cpu-linear-dtype`` is ``linear_dtype``."""
         return dataclasses.replace(self.rksc_config(), cpu_linear_dtype=self.linear_dtype or linear_dtype)
 
+    def gate_asked(self, own: float | None) -> float | None:
+        """The blend gate a workload's requests ask in this mode (``AsksOptions.max_deviation``):
+        the workload's ``own`` unless the mode sets the server's (``asks-check@``, ``asks-blend@``:
+        the curves measure the server's); None: the server's."""
+        return own if self.max_deviation is None else None
+
     @property
     def effective_asks_mode(self) -> str | None:
         """"blend" or "adopt" where ASKS is on, else None."""

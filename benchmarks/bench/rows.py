@@ -106,8 +106,8 @@ def blend_columns(args, mode, r, by_mode) -> dict:
     exact_computed = sum(c.prefill_tokens for c in exact["counters"]) if exact else None
     gate = None
     if mode.effective_asks_mode == "blend":  # the requests' own gate where the mode leaves the server's default
-        own = args.workload_obj.request_gate
-        gate = own if own is not None and mode.max_deviation is None else mode.rksc_config().asks_max_deviation
+        gate = mode.gate_asked(args.workload_obj.request_gate)
+        gate = mode.rksc_config().asks_max_deviation if gate is None else gate
     out = {"asks_mode": mode.effective_asks_mode, "asks_recompute_asked": mode.recompute,
            "asks_max_deviation": gate if gate is not None and math.isfinite(gate) else None,
            "seed_offset": mode.seed_offset or None,

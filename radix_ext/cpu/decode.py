@@ -207,9 +207,7 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
         else:
             table = tables.get(id(p.rotary))
             if table is None:
-                cos, sin = p.rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-                table = tables[id(p.rotary)] = (cos.unsqueeze(-2).to(q.dtype).contiguous(),
-                                                sin.unsqueeze(-2).to(q.dtype).contiguous())
+                table = tables[id(p.rotary)] = decode_stack.step_rotary(p.rotary, positions, q.dtype)
             q, k = rotate(q, p.q_heads, *table), rotate(k, p.k_heads, *table)
         out = backend.forward_decode(q, k.view(-1, p.k_heads, p.qk_dim), v.view(-1, p.v_heads, p.v_dim),
                                      p.attn, forward_batch)

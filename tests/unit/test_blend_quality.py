@@ -76,6 +76,12 @@ class TestModesAndFlags:
         assert MODES["asks-adopt"].rksc_config().asks_mode == "adopt" and MODES["asks-adopt"].rksc_config().asks
         assert MODES["exact"].effective_asks_mode is None and MODES["exact-reseed"].seed_offset > 0
 
+    def test_a_workloads_own_gate_applies_unless_the_mode_sets_the_servers(self):
+        from benchmarks.bench.modes import MODES, check_sweep_modes
+
+        assert MODES["asks-only"].gate_asked(0.05) == 0.05 and MODES["asks-only"].gate_asked(None) is None
+        assert check_sweep_modes("2:0.1")[0].gate_asked(0.05) is None  # the curve measures the server's
+
     def test_the_sweep_makes_one_blend_mode_per_share(self):
         from benchmarks.bench.modes import MODES, sweep_modes
 

@@ -48,7 +48,7 @@ def _packed(path: str, weight: torch.Tensor) -> tuple[object, int]:
     if kind == "int8":
         from radix_ext.cpu import kernels
 
-        packed = kernels.pack(weight)
+        packed = kernels.pack(weight, amx=False)  # one row never reads the AMX tiles' copy
         return packed, packed[0].numel()
     w = weight.to(getattr(torch, dtype_name))
     nbytes = w.numel() * w.element_size()

@@ -372,6 +372,12 @@ def create_backend(model_runner) -> RkscCpuAttnBackend:
     if model is not None:
         dtype = RkscConfig.from_env().cpu_linear_dtype
         logger.info("rksc_cpu: %d linears packed in %s", use_packed_linears(model, dtype), dtype)
+        if dtype == "int8":
+            from radix_ext.cpu import kernels
+
+            rows = kernels.amx_rows()
+            logger.info("rksc_cpu: int8 linears on AVX-512 VNNI%s", f", AMX tiles from {rows} rows" if rows
+                        else " (no AMX tiles here, or RKSC_CPU_AMX=0)")
     invariant = invariant_attention()
     logger.info("rksc_cpu: attention %s", "kernels.causal_attention (invariant)" if invariant else "SDPA")
     return RkscCpuAttnBackend(model_runner, ThreadPolicy.from_env(), invariant)

@@ -31,6 +31,12 @@ namespace {
 constexpr int64_t kKeys = 16;  // keys per chunk: one zmm of scores
 constexpr int kVecs = 6;       // query vectors per group: 6 x 4 value accumulators + 4 values fit 32 zmm
 
+// The KV pool's rows of a request sit wherever its slots are: ask for the next ones early.
+constexpr int64_t kAhead = 8;  // values: keys ahead
+inline void prefetch(const float* p, int64_t floats) {
+  for (int64_t i = 0; i < floats; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
 // exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, exp(r) by its degree-7 polynomial, then 2^n).
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
@@ -80,10 +86,29 @@ struct QueryVec {
 };
 
 // Scores of N query vectors against keys 0 .. chunks * 16 - 1: kt [chunks][D][16] -> s[n * ld + j].
+// C chunks at a time: each chunk's sums are its own chain over d, so the C x N chains run side by side.
 template <int N>
 void scores(const QueryVec* v, int64_t D, const float* kt, int64_t chunks, float scale, float* s, int64_t ld) {
+  constexpr int C = N <= 3 ? 4 : 2;
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t c = 0; c < chunks; ++c) {
+  int64_t c = 0;
+  for (; c + C <= chunks; c += C) {
+    __m512 acc[C][N];
+    for (int i = 0; i < C; ++i)
+      for (int n = 0; n < N; ++n) acc[i][n] = _mm512_setzero_ps();
+    const float* kc = kt + c * D * kKeys;
+    for (int64_t d = 0; d < D; ++d) {
+      __m512 qd[N];
+      for (int n = 0; n < N; ++n) qd[n] = _mm512_set1_ps(v[n].q[d]);
+      for (int i = 0; i < C; ++i) {
+        const __m512 k = _mm512_loadu_ps(kc + i * D * kKeys + d * kKeys);
+        for (int n = 0; n < N; ++n) acc[i][n] = _mm512_fmadd_ps(qd[n], k, acc[i][n]);
+      }
+    }
+    for (int i = 0; i < C; ++i)
+      for (int n = 0; n < N; ++n) _mm512_storeu_ps(s + n * ld + (c + i) * kKeys, _mm512_mul_ps(acc[i][n], sc));
+  }
+  for (; c < chunks; ++c) {
     __m512 acc[N];
     for (int n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
     const float* kc = kt + c * D * kKeys;
@@ -128,6 +153,7 @@ void weighted(const QueryVec* v, const float* e, int64_t ld, const float* vh, co
   for (int n = 0; n < N; ++n) last = std::max(last, v[n].pos);
   for (int64_t j = 0; j <= last; ++j) {
     const float* row = vh + static_cast<int64_t>(slots[j]) * vstride + d0;
+    if (j + kAhead <= last) prefetch(vh + static_cast<int64_t>(slots[j + kAhead]) * vstride + d0, 16 * W);
     __m512 val[W];
     for (int w = 0; w < W; ++w) val[w] = _mm512_loadu_ps(row + 16 * w);
     for (int n = 0; n < N; ++n) {
@@ -224,20 +250,23 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
         for (int64_t j = 0; j < kKeys; ++j) {
           const int64_t p = c * kKeys + j;
           rows[j] = p < keys[b] ? kp + (static_cast<int64_t>(slots[p]) * Hk + h) * D : zeros.data();
+          if (p + kKeys < keys[b]) prefetch(kp + (static_cast<int64_t>(slots[p + kKeys]) * Hk + h) * D, D);
         }
         for (int64_t d = 0; d < D; d += 16) transpose16(rows, d, dst + c * kKeys * D + d * kKeys, kKeys);
       }
     }
   });
-  // Phase 2: tasks of up to kVecs query rows of one request and one query head, ordered small,
-  // large, small, ... so that the threads' contiguous shares of the task list cost about the same.
-  std::vector<std::array<int64_t, 3>> tasks;  // (request, query head, first row)
+  // Phase 2: tasks of up to kVecs query vectors of one request and one KV head (its query heads
+  // side by side, then as many of its rows as fit: they read the same keys), ordered small, large,
+  // small, ... so that the threads' contiguous shares of the task list cost about the same.
+  const int64_t G = Hq / Hk, heads = std::min<int64_t>(G, kVecs), per_task = std::max<int64_t>(1, kVecs / heads);
+  std::vector<std::array<int64_t, 4>> tasks;  // (request, first query head, first row, rows)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < Hq; ++g)
-      for (int64_t r = off[b]; r < off[b + 1]; r += kVecs) tasks.push_back({b, g, r});
+    for (int64_t h = 0; h < Hk; ++h)
+      for (int64_t g = h * G; g < (h + 1) * G; g += heads)
+        for (int64_t r = off[b]; r < off[b + 1]; r += per_task) tasks.push_back({b, g, r, std::min(per_task, off[b + 1] - r)});
   std::vector<int64_t> order(tasks.size());
   for (size_t i = 0, lo = 0, hi = tasks.size(); i < tasks.size(); ++i) order[i] = (i % 2 == 0) ? lo++ : --hi;
-  const int64_t G = Hq / Hk;
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t qs = q.stride(0);
@@ -247,11 +276,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
     std::vector<float> s(kVecs * max_keys);
     QueryVec vecs[kVecs];
     for (int64_t i = i0; i < i1; ++i) {
-      const auto [b, g, r0] = tasks[order[i]];
-      const int64_t r1 = std::min(r0 + kVecs, off[b + 1]), h = g / G, chunks = (keys[b] + kKeys - 1) / kKeys;
-      for (int64_t r = r0; r < r1; ++r) vecs[r - r0] = {qp + r * qs + g * D, op + (r * Hq + g) * Dv, pos[r]};
-      kGroups[r1 - r0](vecs, D, Dv, ktp + kt_off[b] + h * chunks * kKeys * D, vp + h * Dv, tab + rr[b] * W,
-                       Hk * Dv, static_cast<float>(scale), s.data(), max_keys);
+      const auto [b, g0, r0, rows] = tasks[order[i]];
+      const int64_t g1 = std::min(g0 + heads, (g0 / G + 1) * G), h = g0 / G, chunks = (keys[b] + kKeys - 1) / kKeys;
+      int n = 0;
+      for (int64_t r = r0; r < r0 + rows; ++r)
+        for (int64_t g = g0; g < g1; ++g) vecs[n++] = {qp + r * qs + g * D, op + (r * Hq + g) * Dv, pos[r]};
+      kGroups[n](vecs, D, Dv, ktp + kt_off[b] + h * chunks * kKeys * D, vp + h * Dv, tab + rr[b] * W,
+                 Hk * Dv, static_cast<float>(scale), s.data(), max_keys);
     }
   });
   return out;

@@ -30,6 +30,7 @@ constexpr int64_t kGroup = 32;   // inputs per weight scale
 constexpr int64_t kCols = 16;    // output columns per packed block (one zmm of int32 sums)
 constexpr int64_t kBlocks = 4;   // blocks per task
 constexpr int kMaxRows = 3;      // rows per tile: 3 x 4 int32 and float32 accumulators fit 32 zmm
+constexpr int64_t kAmxRows = 16; // from here on, AMX tiles where they run (linear_amx.cpp)
 
 void quantize_row(const float* x, int64_t K, int16_t* q, float* scale) {
   __m512 amax = _mm512_setzero_ps();
@@ -112,8 +113,8 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
   TORCH_CHECK(K % kGroup == 0, "the input width must be a multiple of ", kGroup, ", got ", K);
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 3 && w.size(1) * kGroup == K &&
               w.size(2) == kGroupBytes, "w: packed int8 [N/16, K/32, ", kGroupBytes, "], got ", w.sizes(), " for K ", K);
-  const int64_t NB = w.size(0);
-  TORCH_CHECK(NB * kCols >= N && (NB - 1) * kCols < N, "N ", N, " does not fit ", NB, " blocks");
+  const int64_t NB = (N + kCols - 1) / kCols;  // then, where w holds 2 * NB blocks, the AMX tiles' copy
+  TORCH_CHECK(N > 0 && (w.size(0) == NB || w.size(0) == 2 * NB), "N ", N, " does not fit ", w.size(0), " blocks");
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N, "bias: float32 [N]");
@@ -131,6 +132,10 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
   });
   const int8_t* wp = w.data_ptr<int8_t>();
   float* op = out.data_ptr<float>();
+  if (w.size(0) == 2 * NB && M >= kAmxRows && amx_ready()) {
+    w8a16_amx(qp, xsp, M, K, wp + NB * w.size(1) * kGroupBytes, N, b, op);
+    return out;
+  }
   at::parallel_for(0, (NB + kBlocks - 1) / kBlocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t nb0 = t * kBlocks;
@@ -144,6 +149,8 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
   });
   return out;
 }
+
+int64_t amx_rows() { return amx_ready() ? kAmxRows : 0; }
 
 // add_rms_norm: s = x + residual (or x alone), y = (s * (1 / sqrt(mean(s^2) + eps))) * weight, per
 // row; returns (y, s), s empty [0, K] without a residual (x itself; no alias). SGLang's RMSNorm.forward_native computes the same products; only the order of
@@ -235,6 +242,7 @@ TORCH_LIBRARY(rksc_cpu_kernels, m) {
   m.def("w8a16_linear(Tensor x, Tensor w, int N, Tensor? bias) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope_neox(Tensor x, int heads, Tensor cos, Tensor sin) -> Tensor");
+  m.def("amx_rows() -> int", &rksc::amx_rows);  // no tensor to dispatch on: one kernel for all
   m.def("causal_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor table, Tensor req_rows, Tensor row_offsets, "
         "Tensor row_pos, float scale) -> Tensor");
   m.def("decode_layers(Tensor hidden, Tensor[] norms, float[] eps, Tensor[] linears, int[] widths, Tensor cos, "

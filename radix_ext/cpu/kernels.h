@@ -16,6 +16,13 @@ at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, con
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps);
 at::Tensor rope_neox(const at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin);
+int64_t amx_rows();  // the row count from which w8a16_linear runs on AMX tiles (0: never, here)
+
+// linear_amx.cpp: w8a16_linear's sums on AMX tiles, the same bits (q, xs: the rows at int16 and
+// their scales; w: the weights packed for it; out: [M, N]).
+bool amx_ready();
+void w8a16_amx(const int16_t* q, const float* xs, int64_t M, int64_t K, const int8_t* w, int64_t N,
+               const float* bias, float* out);
 
 // causal_attention.cpp: the rksc_cpu backend's invariant attention, straight from the KV pool.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,

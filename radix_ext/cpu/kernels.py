@@ -22,6 +22,10 @@ inputs, this kernel, 15 (51); bf16 linears 14 (52). ``python -m benchmarks.speed
 --cpu-linear-dtype int8`` measures the kernel's agreement beside its speed. The norm computes
 SGLang's products; only its sum of squares is added in another order.
 
+**AMX.** Where the CPU has AMX-INT8 tiles, ``pack`` keeps a second copy of the weights in the
+tiles' layout and a linear of 16 rows or more runs on them (``linear_amx.cpp`` says how its sums are
+the VNNI kernel's, bit for bit); ``RKSC_CPU_AMX=0`` keeps VNNI alone (``amx_rows()``).
+
 **Build.** ``python -m radix_ext.cpu.kernels`` (``make model`` runs it) compiles the sources with
 the C++ compiler ``$CXX`` (default ``g++``) against the installed torch's headers, about 10 s,
 into ``<cache>/kernels/`` (``rksc_sgl.config.cache_dir``); the first engine that needs it
@@ -43,7 +47,8 @@ import torch
 from rksc_sgl.config import cache_dir, cxx_compiler, int8_linears_unsupported
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "kernels.cpp", HERE / "causal_attention.cpp", HERE / "decode_layers.cpp")  # one library
+SOURCES = (HERE / "kernels.cpp", HERE / "causal_attention.cpp", HERE / "decode_layers.cpp",
+           HERE / "linear_amx.cpp")  # one library
 HEADERS = (HERE / "kernels.h",)
 COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw",
                  "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-w")
@@ -123,10 +128,19 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[..., None]).clamp_(-127, 127).to(torch.int8).view(n, k), scale
 
 
-def pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A linear's [N, K] weight as the kernel reads it: (int8 [ceil(N / 16), K / 32, 576], N). Per
-    block of 16 columns and group of 32 inputs, 512 bytes of weights ([16 input pairs][16
-    columns][2]) then the 16 columns' float32 scales; padding columns are zeros."""
+def amx_rows() -> int:
+    """The row count from which a linear runs on AMX tiles (``linear_amx.cpp``: the same bits, in
+    fewer instructions), 0 where they do not run: no AMX-INT8, a Linux older than 5.16, or
+    ``RKSC_CPU_AMX=0``."""
+    return int(_ops().amx_rows())
+
+
+def pack(weight: torch.Tensor, amx: bool | None = None) -> tuple[torch.Tensor, int]:
+    """A linear's [N, K] weight as the kernel reads it: (int8 [B, K / 32, 576], N), B = ceil(N / 16)
+    blocks of 16 columns. Per block and group of 32 inputs, 512 bytes of weights ([16 input
+    pairs][16 columns][2]) then the 16 columns' float32 scales; padding columns are zeros. With
+    ``amx`` (default: where ``amx_rows()``), B more blocks follow, the same weights as AMX tiles
+    read them ([8 input quads][16 columns][4]), for 16 rows and more."""
     n, k = weight.shape
     q, scale = quantize_weight(weight)
     blocks, groups = -(-n // BLOCK), k // GROUP
@@ -134,9 +148,11 @@ def pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
     values[:n] = q
     scales = scale.new_zeros(blocks * BLOCK, groups)
     scales[:n] = scale
-    values = values.view(blocks, BLOCK, groups, GROUP // 2, 2).permute(0, 2, 3, 1, 4).reshape(blocks, groups, -1)
     scales = scales.view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous().view(torch.int8)
-    return torch.cat((values, scales), dim=2).contiguous(), n
+    planes = [(GROUP // 2, 2)] + ([(GROUP // 4, 4)] if (amx_rows() > 0 if amx is None else amx) else [])
+    packed = [torch.cat((values.view(blocks, BLOCK, groups, inputs, width).permute(0, 2, 3, 1, 4)
+                         .reshape(blocks, groups, -1), scales), dim=2) for inputs, width in planes]
+    return torch.cat(packed).contiguous(), n
 
 
 def linear(x: torch.Tensor, packed: tuple[torch.Tensor, int], bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -58,6 +58,24 @@ def test_leading_shapes_padding_columns_and_zero_rows():
     assert torch.equal(kernels.linear(torch.zeros(1, 64), packed), torch.zeros(1, 40))  # a zero row: no 0 / 0
 
 
+@pytest.mark.skipif(kernels.amx_rows() == 0, reason="no AMX tiles here (or RKSC_CPU_AMX=0)")
+@pytest.mark.parametrize("n, k", [(576, 576), (100, 64), (17, 96), (40, 1536)])
+def test_amx_tiles_give_the_vnni_kernels_bits(n, k):
+    """From ``amx_rows()`` rows on, a pack with the AMX copy runs on tiles; a pack without it, at any
+    row count, on VNNI: the same bits, whatever the rows (a tile of 16, padded, several chunks)."""
+    torch.manual_seed(n + k)
+    weight, bias = torch.randn(n, k), torch.randn(n)
+    both, vnni = kernels.pack(weight, amx=True), kernels.pack(weight, amx=False)
+    assert both[0].shape[0] == 2 * vnni[0].shape[0] and torch.equal(both[0][: vnni[0].shape[0]], vnni[0])
+    for rows in (kernels.amx_rows(), 17, 31, 48, 129, 300):
+        x = torch.randn(rows, k) * 4
+        x[1] = 0  # a zero row: scale 1, every byte 0
+        for b in (None, bias):
+            assert torch.equal(kernels.linear(x, both, b), kernels.linear(x, vnni, b)), (rows, b is None)
+    x = torch.randn(40, k)  # and a row alone (VNNI) is the same bits as in a batch of 40 (tiles)
+    assert torch.equal(kernels.linear(x[7:8], both)[0], kernels.linear(x, both)[7])
+
+
 def test_weights_round_to_half_a_step_of_their_group():
     torch.manual_seed(3)
     weight = torch.randn(8, 96)

@@ -5,14 +5,14 @@
   the layer's attention and MLP then run for the kept rows only (for a row whose KV is the
   donor's from the next layer on, they would be thrown away).
 * ``write_donor_kv``: for every layer after the check, a reused row's KV is its donor's: V as is,
-  K re-rotated to the row's position (``radix_ext.asks.selection.rerotate``).
+  K re-rotated to the row's position (``radix_ext.asks.selection.rerotation``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from radix_ext.asks.selection import rerotate
+from radix_ext.asks.selection import rerotation
 
 
 def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, pool) -> None:
@@ -35,10 +35,15 @@ def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: t
 def write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: torch.Tensor,
                    deltas: torch.Tensor) -> None:
     """For each layer still to run: the donors' V, and their K re-rotated by ``deltas``, into the
-    request's own slots ``own`` (which the reduced layers never write)."""
+    request's own slots ``own`` (which the reduced layers never write). The rotation is looked up
+    once per rotary table (SGLang's layers share one)."""
+    moves = {}
     for i in layers:
         layer_id = stack.layers[i].self_attn.attn.layer_id
         rotary = stack.layers[i].self_attn.rotary_emb
+        move = moves.get(id(rotary))
+        if move is None:
+            move = moves[id(rotary)] = rerotation(deltas, rotary)
         k_buffer, v_buffer = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
-        k_buffer.index_copy_(0, own, rerotate(k_buffer.index_select(0, donors), deltas, rotary))
+        k_buffer.index_copy_(0, own, move(k_buffer.index_select(0, donors)))
         v_buffer.index_copy_(0, own, v_buffer.index_select(0, donors))

@@ -99,13 +99,38 @@ def deviations(own_k: torch.Tensor, own_v: torch.Tensor, donor_k: torch.Tensor,
 def rerotate(keys: torch.Tensor, deltas: torch.Tensor, rotary) -> torch.Tensor:
     """Keys stored after RoPE at positions p, moved to p + delta: keys [n, heads, head_size],
     deltas [n] int64, ``rotary`` the layer's RotaryEmbedding (a pure-rotation table)."""
+    return rerotation(deltas, rotary)(keys)
+
+
+def rerotation(deltas: torch.Tensor, rotary):
+    """``rerotate`` by ``deltas`` as a function of the keys, its cosines and sines looked up once
+    (blend moves every later layer's keys by the same deltas). Float32 keys rotated whole in the
+    neox style go through ``radix_ext.cpu.kernels.rope_neox`` where it is built: SGLang's
+    ``apply_rotary_emb`` in one call, the same bits."""
     from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
 
     cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
     sin = torch.where(deltas[:, None] < 0, -sin, sin)
-    rot = rotary.rotary_dim
-    moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, rotary.is_neox_style).to(keys.dtype)
-    return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < keys.shape[-1] else moved
+    rot, neox = rotary.rotary_dim, rotary.is_neox_style
+    fused = _rope_neox() if neox else None
+    if fused is not None:
+        cos3, sin3 = cos.unsqueeze(1).contiguous(), sin.unsqueeze(1).contiguous()
+
+    def move(keys: torch.Tensor) -> torch.Tensor:
+        n, heads, size = keys.shape
+        if fused is not None and rot == size and keys.dtype == torch.float32 and n:
+            return fused(keys.reshape(n, heads * size), heads, cos3, sin3).view(n, heads, size)
+        moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, neox).to(keys.dtype)
+        return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < size else moved
+
+    return move
+
+
+def _rope_neox():
+    """``kernels.rope_neox`` where the CPU kernels build here, else None."""
+    from radix_ext.cpu import kernels
+
+    return None if kernels.unsupported() else kernels.rope_neox
 
 
 def pure_rotation(rotary) -> bool:

@@ -88,16 +88,9 @@ def _resolved(op):
 
 
 def _plain_neox(rotary, resolved) -> bool:
-    """A rotary embedding whose resolved forward is ``RotaryEmbedding.forward_native`` with the
-    plain neox rotation over whole heads: ``_rotate`` computes what it computes, from one lookup of
-    the step's cos / sin instead of one per layer."""
-    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
-    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
-
-    return (getattr(resolved, "__func__", None) is RotaryEmbedding.forward_native
-            and getattr(rotary, "_apply_rotary_emb_wrapped", None) is apply_rotary_emb
-            and rotary.is_neox_style and rotary.rotary_dim == rotary.head_size
-            and not hasattr(rotary, "sin_cos_cache"))
+    """``kernels.plain_neox``: ``_rotate`` computes what the resolved forward computes, from one
+    lookup of the step's cos / sin instead of one per layer."""
+    return kernels.plain_neox(rotary, resolved)
 
 
 def _rotate(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -231,7 +231,8 @@ def decode_layers(hidden: torch.Tensor, weights: LayerWeights, cos: torch.Tensor
 
 def use_fused_norms(model: torch.nn.Module) -> int:
     """Point every plain float32 ``RMSNorm`` of the model at ``add_rms_norm`` (a norm's
-    ``_forward_method``, which SGLang's forward and the lean decode both call); returns how many.
+    ``_forward_method``, which SGLang's forward and the lean decode both call), and its rotary
+    embeddings at ``rope_neox`` (``use_fused_rotary``); returns how many norms.
     A call it does not cover (another dtype, a post-residual addition) goes to SGLang's
     ``forward_native``."""
     from sglang.srt.layers.layernorm import RMSNorm
@@ -246,7 +247,65 @@ def use_fused_norms(model: torch.nn.Module) -> int:
         norm._forward_method = _fused_forward(norm)
         count += 1
     model.__dict__[ACTIVE_ATTR] = True  # the lean decode rotates with rope_neox
+    use_fused_rotary(model)
     return count
+
+
+FUSED_ROTARY_ATTR = "rksc_rotary"  # on use_fused_rotary's forward: the rotary embedding it stands for
+
+
+def plain_neox(rotary, resolved) -> bool:
+    """A rotary embedding whose resolved forward is ``RotaryEmbedding.forward_native`` (or
+    ``use_fused_rotary``'s) with the plain neox rotation over whole heads."""
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+    from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
+
+    return ((getattr(resolved, "__func__", None) is RotaryEmbedding.forward_native
+             or getattr(resolved, FUSED_ROTARY_ATTR, None) is rotary)
+            and getattr(rotary, "_apply_rotary_emb_wrapped", None) is apply_rotary_emb
+            and rotary.is_neox_style and rotary.rotary_dim == rotary.head_size
+            and not hasattr(rotary, "sin_cos_cache"))
+
+
+def use_fused_rotary(model: torch.nn.Module) -> int:
+    """Point every ``plain_neox`` rotary embedding of the model at ``rope_neox`` (its
+    ``_forward_method``, which SGLang's prefill calls in every layer): cos / sin looked up as
+    ``forward_native`` looks them up, then query and key rotated in one call each, the same bits.
+    A call it does not cover (offsets, a fused KV write, not float32) goes to ``forward_native``;
+    under a forced fused-op backend nothing is pointed. Returns how many."""
+    from sglang.kernels.fused_op import get_fused_op_backend
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    if get_fused_op_backend() is not None:
+        return 0
+    count = 0
+    for rotary in model.modules():
+        if not isinstance(rotary, RotaryEmbedding):
+            continue
+        if rotary._forward_method is None:
+            rotary._forward_method = rotary._resolve_forward_method()
+        if plain_neox(rotary, rotary._forward_method) and getattr(rotary._forward_method, FUSED_ROTARY_ATTR, None) is None:
+            rotary._forward_method = _fused_rotary(rotary)
+            count += 1
+    return count
+
+
+def _fused_rotary(rotary):
+    native = rotary.forward_native
+
+    def rope_neox_forward(positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+        if (offsets is not None or fused_set_kv_buffer_arg is not None or query.dtype != torch.float32
+                or key.dtype != torch.float32 or query.stride(-1) != 1 or key.stride(-1) != 1):
+            return native(positions, query, key, offsets, fused_set_kv_buffer_arg)
+        n, size = positions.numel(), rotary.head_size
+        cos, sin = rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2).to(query.dtype).contiguous(), sin.unsqueeze(-2).to(query.dtype).contiguous()
+        q = rope_neox(query.reshape(n, -1), query.numel() // (n * size), cos, sin)
+        k = rope_neox(key.reshape(n, -1), key.numel() // (n * size), cos, sin)
+        return q.view(query.shape), k.view(key.shape)
+
+    setattr(rope_neox_forward, FUSED_ROTARY_ATTR, rotary)
+    return rope_neox_forward
 
 
 def _fused_forward(norm):

@@ -76,6 +76,31 @@ def test_amx_tiles_give_the_vnni_kernels_bits(n, k):
     assert torch.equal(kernels.linear(x[7:8], both)[0], kernels.linear(x, both)[7])
 
 
+def test_a_prefills_rotation_through_rope_neox_is_sglangs_forward_native_bit_for_bit():
+    """``use_fused_rotary`` points SGLang's RotaryEmbedding at ``rope_neox``: the seam is its
+    ``_forward_method``, and what it must equal is SGLang's own ``forward_native`` (this fails if
+    either changes under us)."""
+    from tests.unit.test_asks_selection import sglang_rope
+
+    model = torch.nn.Module()
+    model.rope = sglang_rope()
+    assert kernels.use_fused_rotary(model) == 1 and kernels.use_fused_rotary(model) == 0  # once
+    assert kernels.plain_neox(model.rope, model.rope._forward_method)
+    torch.manual_seed(4)
+    positions = torch.randint(0, 2000, (37,))
+    qkv = torch.randn(37, (9 + 2 * 3) * 64) * 3
+    q, k, _ = qkv.split([9 * 64, 3 * 64, 3 * 64], dim=-1)  # strided views, as the layers pass them
+    ours = model.rope(positions, q, k)
+    theirs = model.rope.forward_native(positions, q.clone(), k.clone())
+    assert all(torch.equal(a, b) and a.shape == b.shape for a, b in zip(ours, theirs))
+    q3, k3 = q.reshape(37, 9, 64), k.reshape(37, 3, 64)
+    assert all(torch.equal(a, b) for a, b in zip(model.rope(positions, q3, k3),
+                                                 model.rope.forward_native(positions, q3, k3)))
+    offsets = torch.full((37,), 5)  # not covered: forward_native's own
+    assert all(torch.equal(a, b) for a, b in zip(model.rope(positions, q, k, offsets),
+                                                 model.rope.forward_native(positions, q, k, offsets)))
+
+
 def test_weights_round_to_half_a_step_of_their_group():
     torch.manual_seed(3)
     weight = torch.randn(8, 96)

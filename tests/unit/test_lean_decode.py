@@ -19,9 +19,9 @@ def test_rotation_is_sglangs_bit_for_bit():
     """``_rotate`` from one cos / sin lookup per step equals ``RotaryEmbedding.forward_native``."""
     import torch
 
-    from tests.unit.test_asks_blend import _rope
+    from tests.unit.test_asks_selection import sglang_rope
 
-    rope = _rope()
+    rope = sglang_rope()
     assert decode._plain_neox(rope, rope.forward_native)
     assert not decode._plain_neox(rope, rope.forward_cuda)  # another resolved forward keeps SGLang's
     for rows in (1, 5):

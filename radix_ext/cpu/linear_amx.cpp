@@ -58,6 +58,18 @@ __attribute__((target("amx-tile"))) void configure() {
 
 __attribute__((target("amx-tile"))) void release() { _tile_release(); }
 
+// One group's hi and lo sums (tiles 0 and 1 times tile 2) into tiles HI and LO, then into OUT
+// ([2][16][16] int32). A macro: GCC's tile intrinsics take the tile's number as a literal.
+#define RKSC_GROUP_SUMS(HI, LO, OUT) \
+  do {                               \
+    _tile_zero(HI);                  \
+    _tile_zero(LO);                  \
+    _tile_dpbssd(HI, 0, 2);          \
+    _tile_dpbusd(LO, 1, 2);          \
+    _tile_stored(HI, (OUT)[0], 64);  \
+    _tile_stored(LO, (OUT)[1], 64);  \
+  } while (0)
+
 // One 16-column block for 16 rows: the float32 accumulators of kernels.cpp's tile, per group.
 __attribute__((target("amx-tile,amx-int8,avx512f"))) void block(const int8_t* hi, const uint8_t* lo, int64_t K,
                                                               const int8_t* wb, __m512* out) {
@@ -78,19 +90,9 @@ __attribute__((target("amx-tile,amx-int8,avx512f"))) void block(const int8_t* hi
     _tile_loadd(1, lo + g * kGroup, K);
     _tile_loadd(2, wb + g * kRecord, 64);
     if (g & 1) {
-      _tile_zero(6);
-      _tile_zero(7);
-      _tile_dpbssd(6, 0, 2);
-      _tile_dpbusd(7, 1, 2);
-      _tile_stored(6, sums[1][0], 64);
-      _tile_stored(7, sums[1][1], 64);
+      RKSC_GROUP_SUMS(6, 7, sums[1]);
     } else {
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_dpbssd(4, 0, 2);
-      _tile_dpbusd(5, 1, 2);
-      _tile_stored(4, sums[0][0], 64);
-      _tile_stored(5, sums[0][1], 64);
+      RKSC_GROUP_SUMS(4, 5, sums[0]);
     }
     if (g > 0) fold(g - 1);
   }

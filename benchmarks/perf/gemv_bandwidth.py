@@ -9,7 +9,10 @@ over ``--stream-mb`` of memory, and per path (``--paths``) the bandwidth a 1 x 5
 linear (SmolLM2-135M's MLP shape) reaches with its weights out of cache (``--matrices`` different
 matrices, cycled): ``torch-*`` is ``F.linear``; ``onednn-*`` is oneDNN with the weight packed once,
 what ``--cpu-linear-dtype float32`` / ``bfloat16`` decode runs (``radix_ext.cpu.speed``); ``int8``
-is ``--cpu-linear-dtype int8``'s kernel (``radix_ext.cpu.kernels``; its bytes count the scales).
+is ``--cpu-linear-dtype int8``'s AVX-512 VNNI kernel (``radix_ext.cpu.kernels``; its bytes count the
+scales), ``int8-amx`` the same weights packed with their AMX tiles' copy, which runs on the tiles
+from 16 rows where the CPU has them (the same bits). ``--rows`` sets the input's rows (a batch of
+decode streams, or a prefill); each line also gives the multiply-adds per second.
 Medians of ``--repeats``; one JSON line per measurement.
 """
 
@@ -23,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-PATHS = ("torch-float32", "torch-bfloat16", "onednn-float32", "onednn-bfloat16", "int8")
+PATHS = ("torch-float32", "torch-bfloat16", "onednn-float32", "onednn-bfloat16", "int8", "int8-amx")
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -48,8 +51,9 @@ def _packed(path: str, weight: torch.Tensor) -> tuple[object, int]:
     if kind == "int8":
         from radix_ext.cpu import kernels
 
-        packed = kernels.pack(weight, amx=False)  # one row never reads the AMX tiles' copy
-        return packed, packed[0].numel()
+        amx = dtype_name == "amx"
+        packed = kernels.pack(weight, amx=amx)
+        return packed, packed[0].numel() // (2 if amx else 1)  # a call reads one of the two copies
     w = weight.to(getattr(torch, dtype_name))
     nbytes = w.numel() * w.element_size()
     return (torch.ops.mkldnn._reorder_linear_weight(w, None) if kind == "onednn" else w), nbytes
@@ -66,12 +70,14 @@ def _call(path: str):
     return getattr(torch, dtype_name), F.linear
 
 
-def gemv_gbps(path: str, matrices: int, repeats: int, rows: int = 1536, cols: int = 576) -> tuple[float, float]:
-    """(microseconds per linear, weight bytes read per second in GB/s) for a 1 x cols input against
-    ``matrices`` different rows x cols weights, each read once per pass, on ``path`` (``PATHS``)."""
+def gemv_gbps(path: str, matrices: int, repeats: int, rows: int = 1536, cols: int = 576,
+              inputs: int = 1) -> tuple[float, float]:
+    """(microseconds per linear, weight bytes read per second in GB/s) for an inputs x cols input
+    against ``matrices`` different rows x cols weights, each read once per pass, on ``path``
+    (``PATHS``)."""
     packed = [_packed(path, torch.randn(rows, cols)) for _ in range(matrices)]
     dtype, call = _call(path)
-    x = torch.randn(1, cols).to(dtype)
+    x = torch.randn(inputs, cols).to(dtype)
 
     def one_pass() -> None:
         for w, _ in packed:
@@ -100,8 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--matrices", type=int, default=200, help="different weight matrices cycled (more than the caches hold)")
     p.add_argument("--stream-mb", type=int, default=512, help="memory summed for the stream bandwidth")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rows", type=int, default=1, help="the input's rows (default: %(default)s, one decode stream)")
     args = p.parse_args(argv)
-    for name in ("matrices", "stream_mb", "repeats"):
+    for name in ("matrices", "stream_mb", "repeats", "rows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if min(args.threads) < 1:
@@ -110,9 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(threads)
         print(json.dumps({"threads": threads, "what": "stream sum", "GB/s": round(stream_gbps(args.stream_mb, args.repeats), 1)}))
         for path in args.paths:
-            micros, gbps = gemv_gbps(path, args.matrices, args.repeats)
-            print(json.dumps({"threads": threads, "what": f"linear 1x576 @ 576x1536, {path}",
-                              "us": round(micros), "GB/s": round(gbps, 1)}))
+            micros, gbps = gemv_gbps(path, args.matrices, args.repeats, inputs=args.rows)
+            print(json.dumps({"threads": threads, "what": f"linear {args.rows}x576 @ 576x1536, {path}",
+                              "us": round(micros), "GB/s": round(gbps, 1),
+                              "GMAC/s": round(args.rows * 576 * 1536 / micros / 1e3, 1)}))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_each_path_computes_the_linear_and_counts_the_bytes_it_holds(path):
 
 
 @pytest.mark.parametrize("argv, named", [(["--threads", "0"], "--threads"), (["--paths", "int4"], "int4"),
-                                         (["--repeats", "0"], "--repeats")])
+                                         (["--repeats", "0"], "--repeats"), (["--rows", "0"], "--rows")])
 def test_bad_flags_fail_naming_them(argv, named, capsys):
     with pytest.raises(SystemExit):
         gemv_bandwidth.main(argv)

@@ -25,7 +25,7 @@ sglang-router is a separate program with its own dependencies: it runs from ``--
 (default ``$RKSC_ROUTER_PYTHON``, else ``.venv-front/bin/python`` of this checkout, made by ``make
 front``, else this interpreter if it can import ``sglang_router``). On the CPU each worker gets
 ``RKSC_CPU_THREADS`` = cores / workers unless that is set. On GPUs: one worker per GPU (or per
-tensor-parallel group, ``--tp-size``), each its own ``launch_server``; see ``docs/serving.md``.
+tensor-parallel group, ``--tp-size``), each its own ``launch_server``; see ``docs/router.md``.
 
 Keys (``ClusterKeys``): SGLang's ``--api-key`` and ``--admin-api-key`` go to every worker; the router
 gets the user key as its ``--api-key`` (it then asks clients for it and uses it with the workers)

@@ -127,10 +127,11 @@ def rerotation(deltas: torch.Tensor, rotary):
 
 
 def _rope_neox():
-    """``kernels.rope_neox`` where the CPU kernels build here, else None."""
+    """``kernels.rope_neox`` where this process has the CPU kernels loaded (never a build mid-request),
+    else None."""
     from radix_ext.cpu import kernels
 
-    return None if kernels.unsupported() else kernels.rope_neox
+    return kernels.rope_neox if kernels.loaded() else None
 
 
 def pure_rotation(rotary) -> bool:

@@ -66,7 +66,7 @@ class LayerPlan:
         self.gate_up, self.down = _linear(mlp.gate_up_proj), _linear(mlp.down_proj)
         self.act = _resolved(mlp.act_fn)
         self.rope = _resolved(attn.rotary_emb)
-        self.rotary = attn.rotary_emb if _plain_neox(attn.rotary_emb, self.rope) else None
+        self.rotary = attn.rotary_emb if kernels.plain_neox(attn.rotary_emb, self.rope) else None
         self.attn = attn.attn
         self.q_size, self.kv_size = attn.q_size, attn.kv_size
         self.q_heads, self.k_heads, self.v_heads = (self.attn.tp_q_head_num, self.attn.tp_k_head_num,
@@ -85,12 +85,6 @@ def _resolved(op):
     if op._forward_method is None:
         op._forward_method = op._resolve_forward_method()
     return op._forward_method
-
-
-def _plain_neox(rotary, resolved) -> bool:
-    """``kernels.plain_neox``: ``_rotate`` computes what the resolved forward computes, from one
-    lookup of the step's cos / sin instead of one per layer."""
-    return kernels.plain_neox(rotary, resolved)
 
 
 def _rotate(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -200,7 +194,7 @@ def _decode(model, plans: list[LayerPlan], backend, input_ids, positions, forwar
         else:
             table = tables.get(id(p.rotary))
             if table is None:
-                table = tables[id(p.rotary)] = decode_stack.step_rotary(p.rotary, positions, q.dtype)
+                table = tables[id(p.rotary)] = kernels.rotary_table(p.rotary, positions, q.dtype)
             q, k = rotate(q, p.q_heads, *table), rotate(k, p.k_heads, *table)
         out = backend.forward_decode(q, k.view(-1, p.k_heads, p.qk_dim), v.view(-1, p.v_heads, p.v_dim),
                                      p.attn, forward_batch)

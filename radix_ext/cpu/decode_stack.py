@@ -190,19 +190,12 @@ def _packed_int8(linear) -> tuple[torch.Tensor, int]:
     return packed[1]
 
 
-def step_rotary(rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode step's cos and sin [n, 1, head_size / 2], looked up once for every layer of a plain
-    neox rotary embedding (``radix_ext.cpu.decode._plain_neox``)."""
-    cos, sin = rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-    return cos.unsqueeze(-2).to(dtype).contiguous(), sin.unsqueeze(-2).to(dtype).contiguous()
-
-
 @torch.no_grad()
 def decode(model, stack: DecodeStack, backend, input_ids, positions, forward_batch):
     """``radix_ext.cpu.decode._decode`` with its layer loop in one ``kernels.decode_layers`` call."""
     layers = model.model
     hidden = layers.embed_tokens(input_ids)
-    cos, sin = step_rotary(stack.rotary, positions, hidden.dtype)
+    cos, sin = kernels.rotary_table(stack.rotary, positions, hidden.dtype)
     pool = backend.token_to_kv_pool
     hidden, residual = kernels.decode_layers(
         hidden, stack.weights, cos, sin, pool.k_buffer[stack.buffers], pool.v_buffer[stack.buffers],

@@ -106,6 +106,7 @@ def build() -> Path:
 
 
 _loaded = None  # torch.ops.rksc_cpu_kernels, once its library is loaded in this process
+AMX_ENV = "RKSC_CPU_AMX"  # 0: no AMX tiles (linear_amx.cpp reads it too)
 ACTIVE_ATTR = "_rksc_cpu_kernels"  # on a model whose norms use_fused_norms pointed here
 
 
@@ -128,10 +129,18 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[..., None]).clamp_(-127, 127).to(torch.int8).view(n, k), scale
 
 
+def loaded() -> bool:
+    """Whether this process has loaded the kernels' library already."""
+    return _loaded is not None
+
+
 def amx_rows() -> int:
     """The row count from which a linear runs on AMX tiles (``linear_amx.cpp``: the same bits, in
     fewer instructions), 0 where they do not run: no AMX-INT8, a Linux older than 5.16, or
-    ``RKSC_CPU_AMX=0``."""
+    ``RKSC_CPU_AMX=0`` (any value but 0 or 1 there raises, naming it: start-up packs the weights)."""
+    raw = os.environ.get(AMX_ENV, "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{AMX_ENV} must be 0 or 1, got {raw!r}")
     return int(_ops().amx_rows())
 
 
@@ -290,6 +299,13 @@ def use_fused_rotary(model: torch.nn.Module) -> int:
     return count
 
 
+def rotary_table(rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin [n, 1, head_size / 2] of a ``plain_neox`` rotary embedding at ``positions``,
+    looked up as ``forward_native`` looks them up (a decode step does it once for every layer)."""
+    cos, sin = rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    return cos.unsqueeze(-2).to(dtype).contiguous(), sin.unsqueeze(-2).to(dtype).contiguous()
+
+
 def _fused_rotary(rotary):
     native = rotary.forward_native
 
@@ -298,8 +314,7 @@ def _fused_rotary(rotary):
                 or key.dtype != torch.float32 or query.stride(-1) != 1 or key.stride(-1) != 1):
             return native(positions, query, key, offsets, fused_set_kv_buffer_arg)
         n, size = positions.numel(), rotary.head_size
-        cos, sin = rotary.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-        cos, sin = cos.unsqueeze(-2).to(query.dtype).contiguous(), sin.unsqueeze(-2).to(query.dtype).contiguous()
+        cos, sin = rotary_table(rotary, positions, query.dtype)
         q = rope_neox(query.reshape(n, -1), query.numel() // (n * size), cos, sin)
         k = rope_neox(key.reshape(n, -1), key.numel() // (n * size), cos, sin)
         return q.view(query.shape), k.view(key.shape)

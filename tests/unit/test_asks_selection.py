@@ -104,6 +104,8 @@ class TestRerotation:
         if kernels.unsupported():
             pytest.skip(f"CPU kernels: {kernels.unsupported()}")
         rope = sglang_rope()
+        kernels.amx_rows()  # loads the library: a blended request never builds it itself
+        assert selection._rope_neox() is kernels.rope_neox
         keys, deltas = torch.randn(40, 3, 64) * 3, torch.randint(-300, 300, (40,))
         fused = selection.rerotation(deltas, rope)(keys)
         monkeypatch.setattr(selection, "_rope_neox", lambda: None)

@@ -101,6 +101,15 @@ def test_a_prefills_rotation_through_rope_neox_is_sglangs_forward_native_bit_for
                                                  model.rope.forward_native(positions, q, k, offsets)))
 
 
+def test_rksc_cpu_amx_other_than_0_or_1_is_refused_naming_it(monkeypatch):
+    for value in ("0", "1", " "):
+        monkeypatch.setenv(kernels.AMX_ENV, value)
+        kernels.amx_rows()
+    monkeypatch.setenv(kernels.AMX_ENV, "yes")
+    with pytest.raises(ValueError, match="RKSC_CPU_AMX must be 0 or 1, got 'yes'"):
+        kernels.amx_rows()
+
+
 def test_weights_round_to_half_a_step_of_their_group():
     torch.manual_seed(3)
     weight = torch.randn(8, 96)

@@ -1,6 +1,6 @@
 import pytest
 
-from radix_ext.cpu import decode
+from radix_ext.cpu import decode, kernels
 
 
 @pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", True), (" 0 ", False)])
@@ -22,8 +22,8 @@ def test_rotation_is_sglangs_bit_for_bit():
     from tests.unit.test_asks_selection import sglang_rope
 
     rope = sglang_rope()
-    assert decode._plain_neox(rope, rope.forward_native)
-    assert not decode._plain_neox(rope, rope.forward_cuda)  # another resolved forward keeps SGLang's
+    assert kernels.plain_neox(rope, rope.forward_native)
+    assert not kernels.plain_neox(rope, rope.forward_cuda)  # another resolved forward keeps SGLang's
     for rows in (1, 5):
         positions = torch.randint(0, 2048, (rows,))
         qkv = torch.randn(rows, 9 * 64 + 2 * 3 * 64)

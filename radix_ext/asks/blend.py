@@ -17,8 +17,9 @@ computed after another opening (``radix_ext.asks.segments``). For each run:
 when the selector needs them (the last of them only as far as its K and V, ``radix_ext.asks.kv_writes``:
 the attention and MLP of a row whose KV is then the donor's would be thrown away), then carries
 only the kept rows: the others' KV is the donor's,
-written into the request's own slots, and the attention backend (``radix_ext.cpu.attention``,
-``BlendView``) lets each kept row attend to its whole row of the KV pool up to its own position.
+written into the request's own slots, and each kept row attends to its whole row of the KV pool
+up to its own position (``radix_ext.asks.kept_rows``: in one C++ call of the remaining layers
+where the model's decode runs so, else SGLang's layers over a ``BlendView``).
 
 At ``r = 1`` nothing is reduced and the forward is SGLang's layer loop: the request's tokens and
 KV are exactly exact's. Below 1, the request's KV from its first reused token on is approximate,
@@ -50,9 +51,9 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
+from radix_ext.asks.kept_rows import kept_layers, view_of
 from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
 from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
-from radix_ext.cpu.attention import BLEND_VIEW_ATTR as VIEW_ATTR  # on a ForwardBatch: its BlendView
 from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
 from rksc_sgl.config import RkscConfig
 from rksc_sgl.protocol import AsksOptions
@@ -151,19 +152,6 @@ class RowPlan:
 
     def donor_slots(self) -> torch.Tensor:
         return torch.cat([s.donor_slots for s in self.segments])
-
-
-@dataclasses.dataclass(frozen=True)
-class BlendView:
-    """The kept rows of a reduced EXTEND batch, for the attention backend.
-
-    ``out_cache_loc``: [kept] the KV slots the kept rows write; ``query_counts``: per batch row,
-    how many of its rows are kept; ``query_positions``: [kept] each kept row's position in its
-    request (its keys are that request's row of the pool up to and including it)."""
-
-    out_cache_loc: torch.Tensor
-    query_counts: list[int]
-    query_positions: torch.Tensor
 
 
 def plan_batch(forward_batch, state) -> list[RowPlan]:
@@ -320,21 +308,13 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
                     torch.cat(skipped_donors), torch.cat(skipped_deltas))
     kept = keep.nonzero().squeeze(1)
-    view = _view(forward_batch, keep, kept, positions)
+    view = view_of(forward_batch, keep, kept, positions)
     state.blend_counters.seconds += time.perf_counter() - started
     if full_layers:  # the full state so far, restarted as the input of the kept rows
         hidden = checked_state
         residual_batch.clear(forward_batch)
         residual_batch.start(forward_batch)
-    hidden = hidden[kept]
-    kept_positions = positions[kept]
-    setattr(forward_batch, VIEW_ATTR, view)
-    try:
-        for i in layers[resume:]:
-            hidden = stack.layers[i](kept_positions, hidden, forward_batch)
-        hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
-    finally:
-        setattr(forward_batch, VIEW_ATTR, None)
+    hidden = kept_layers(model, hidden[kept], positions[kept], forward_batch, view, resume)
     full = hidden.new_zeros(num_tokens, hidden.shape[1])
     full[kept] = hidden  # the rows the logits processor reads (each request's last) are kept
     return model.logits_processor(input_ids, full, model.lm_head, forward_batch)
@@ -345,14 +325,6 @@ def _finish(model, input_ids, hidden, forward_batch, stack):
 
     hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
     return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
-
-
-def _view(forward_batch, keep: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor) -> BlendView:
-    counts, offset = [], 0
-    for length in forward_batch.extend_seq_lens_cpu:
-        counts.append(int(keep[offset: offset + length].sum()))
-        offset += length
-    return BlendView(forward_batch.out_cache_loc[kept], counts, positions[kept].long())
 
 
 _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)

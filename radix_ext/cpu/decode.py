@@ -35,15 +35,21 @@ from radix_ext.model_stack import TARGETS, plain_call, plain_stack
 LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
 PLAN_ATTR = "_rksc_lean_decode_plan"  # on the model: its LayerPlan list, or the reason it has none
 _counts = {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0,  # this scheduler's decode steps
-           "unsupported": None, "layers_unsupported": None}
+           "unsupported": None, "layers_unsupported": None,
+           "kept_rows_calls": 0}  # ASKS blend forwards whose kept rows ran in one call (layer_stack)
 
 
 def stats() -> dict[str, Any]:
     """Decode steps run here since start-up by ``decode_stack.decode`` (``layers_steps``: the
     layers in one C++ call), by ``_decode`` (``lean_steps``: the Python loop) and by SGLang's
     forward (``stock_steps``); why the last step kept SGLang's forward (``unsupported``) and why
-    the last lean step kept the Python loop (``layers_unsupported``); None: it did not."""
+    the last lean step kept the Python loop (``layers_unsupported``); None: it did not; and how
+    many ASKS blend forwards ran their kept rows in one call (``kept_rows_calls``)."""
     return dict(_counts)
+
+
+def count(what: str) -> None:
+    _counts[what] += 1
 
 
 def enabled() -> bool:
@@ -147,6 +153,15 @@ def _plan(model) -> list[LayerPlan] | str:
         result = str(why) if isinstance(why, _Unsupported) else f"model:{why}"
     model.__dict__[PLAN_ATTR] = result
     return result
+
+
+def layer_stack(model, backend) -> decode_stack.DecodeStack | str:
+    """The model's layers in one C++ call (``decode_stack``) for query rows other than a decode
+    step's (ASKS blend's kept rows), or why its rows keep SGLang's layers."""
+    if not enabled():
+        return f"{LEAN_ENV}=0"
+    plans = _plan(model)
+    return plans if isinstance(plans, str) else decode_stack.for_step(model, plans, backend)
 
 
 def lean_decode(original, model, input_ids, positions, forward_batch, *args, **kwargs):

@@ -202,3 +202,23 @@ def decode(model, stack: DecodeStack, backend, input_ids, positions, forward_bat
         forward_batch.out_cache_loc, backend.req_to_token_pool.req_to_token, backend._query_rows(forward_batch))
     hidden, _ = layers.norm(hidden, residual)
     return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
+
+
+@torch.no_grad()
+def layers_from(stack: DecodeStack, backend, first: int, hidden: torch.Tensor, positions: torch.Tensor,
+                out_cache_loc: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stack's layers ``first..`` in one ``kernels.decode_layers`` call for any query rows:
+    ``hidden`` [n, H] each row's input to layer ``first`` (the stream restarted there: it is also
+    the first residual), written at ``out_cache_loc`` [n], each row attending to its request's row
+    of the pool up to its own position (``rows``, ``radix_ext.cpu.attention.QueryRows``). ASKS
+    blend's kept rows take it (``radix_ext.asks.blend``) -> (hidden, residual) before the final norm."""
+    w = stack.weights
+    if first:
+        w = kernels.LayerWeights(w.norms[2 * first:], w.eps[2 * first:], w.linears[4 * first:],
+                                 w.widths[4 * first:], w.scales[first:], w.q_heads, w.kv_heads, w.head_dim)
+    cos, sin = kernels.rotary_table(stack.rotary, positions, hidden.dtype)
+    pool = backend.token_to_kv_pool
+    return kernels.decode_layers(hidden.contiguous(), w, cos, sin, pool.k_buffer[stack.buffers][first:],
+                                 pool.v_buffer[stack.buffers][first:], out_cache_loc,
+                                 backend.req_to_token_pool.req_to_token, rows)
+

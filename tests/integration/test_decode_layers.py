@@ -7,14 +7,19 @@ reported log-probability must be equal. So must a batch's: with int8 linears and
 attention a row's numbers do not depend on the rows batched with it (``test_invariance``), so
 which requests happen to share a step cannot move them, and a looser comparison (as
 ``test_lean_decode``'s for float32) would hide a batch-only slip such as a KV write at the wrong
-slot. The readback proves which path each engine took.
+slot. The readback proves which path each engine took. Both engines have ASKS on (blend), which
+changes no decode step; a blended request's kept rows take the same call
+(``radix_ext.asks.kept_rows``), and must give SGLang's layers' bits as well.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from radix_ext.cpu import decode_stack, kernels
+from rksc_sgl.protocol import ASKS_KEY, AsksOptions
 from tests.integration.test_fast_decode import assert_same_decoding
 from tests.integration.test_lean_decode import PROMPTS, decode_stats, decoded, launch, run
 
@@ -26,9 +31,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def engines():
-    layers = launch({}, "int8")
+    layers = launch({}, "int8", asks=True)
     try:
-        loop = launch({decode_stack.LAYERS_ENV: "0"}, "int8")
+        loop = launch({decode_stack.LAYERS_ENV: "0"}, "int8", asks=True)
         try:
             yield layers, loop
         finally:
@@ -72,3 +77,34 @@ def test_seeded_sampling_is_the_same_bits(engines):
     ours, theirs = run(layers, PROMPTS, params), run(loop, PROMPTS, params)
     assert assert_same_decoding(decoded(theirs), decoded(ours)) == 0
     assert ours == theirs
+
+
+PASSAGE = " ".join(f"In year {1900 + i} the village of Aldwick planted {7 * i % 23 + 2} oak trees along the river "
+                   f"and the mill ground {i * 13 % 40 + 10} sacks of flour." for i in range(12))
+
+
+def blended(engine, opening: str) -> tuple[dict, tuple[list, list]]:
+    """A donor (another opening, then the passage) then a member of its group reading the passage
+    after ``opening``: the member's ASKS report and its output."""
+    params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True,
+              "custom_params": AsksOptions(group=f"layers-{uuid.uuid4().hex}").to_custom_params()}
+    engine.generate(prompt=f"You summarize village records.\n\n{PASSAGE}\n\nHow many oaks in 1905?",
+                    sampling_params=dict(params))
+    out = engine.generate(prompt=f"{opening}\n\n{PASSAGE}\n\nHow many oaks in 1905?", sampling_params=dict(params),
+                          return_logprob=True, top_logprobs_num=5)
+    report = out["meta_info"][ASKS_KEY]
+    return (report[0] if isinstance(report, list) else report), (out["meta_info"]["output_token_logprobs"],
+                                                                 out["meta_info"]["output_top_logprobs"])
+
+
+def test_a_blended_requests_kept_rows_are_sglangs_layers_bits(engines):
+    layers, loop = engines
+    before = decode_stats(layers)["kept_rows_calls"], decode_stats(loop)["kept_rows_calls"]
+    (ours_report, ours), (theirs_report, theirs) = (blended(e, "You are a careful historian of small towns.")
+                                                    for e in (layers, loop))
+    assert ours_report["outcome"] == theirs_report["outcome"] == "blended", (ours_report, theirs_report)
+    assert ours_report["reused_tokens"] == theirs_report["reused_tokens"] > 0
+    assert ours == theirs
+    assert decode_stats(layers)["kept_rows_calls"] == before[0] + 1  # the one call ran here, not there
+    assert decode_stats(loop)["kept_rows_calls"] == before[1]
+

@@ -36,14 +36,14 @@ PROMPTS = [
 ]
 
 
-def launch(env: dict[str, str], linear_dtype: str = "float32"):
+def launch(env: dict[str, str], linear_dtype: str = "float32", **rksc):
     from rksc_sgl.config import RkscConfig
     from rksc_sgl.engine import launch_engine
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
-        return launch_engine(rksc=RkscConfig(cpu_linear_dtype=linear_dtype), max_total_tokens=POOL_TOKENS,
+        return launch_engine(rksc=RkscConfig(cpu_linear_dtype=linear_dtype, **rksc), max_total_tokens=POOL_TOKENS,
                              log_level="error")
 
 
@@ -85,7 +85,7 @@ def test_one_stream_is_bitwise_sglangs(engines):
     assert after["unsupported"] is None and after["stock_steps"] == after["layers_steps"] == 0, after
     assert after["layers_unsupported"] == "int8-kernels-off", after  # float32 linears: the Python loop
     assert decode_stats(plain) == {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0, "unsupported": None,
-                                   "layers_unsupported": None}
+                                   "layers_unsupported": None, "kept_rows_calls": 0}
 
 
 def test_greedy_ragged_batch(engines):

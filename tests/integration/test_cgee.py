@@ -148,9 +148,9 @@ class TestBatches:
             "text": [prompt, prompt], "sampling_params": [GREEDY, flagged(EARLY)],
             "return_logprob": True, "top_logprobs_num": 5,
         })
-        # Its prefill (where early exit acts) is bit-for-bit the lone one. Its decode steps are
-        # not: SGLang's overlap scheduler retires a request one step late, so the verification
-        # (like any request finishing at prefill, the blocker too) rides along in one decode step.
+        # Its prefill (where early exit acts) is bit-for-bit the lone one. Its decode steps need
+        # not be: they share steps with whatever else runs (under SGLang's overlap schedule, which
+        # retires a request one step late, even with requests that finished at prefill).
         # With int8 linears and invariant attention each row's output is the lone one's bits
         # (the blocker is greedy: SGLang's sampler reads log-probabilities as log_softmax in an
         # all-greedy batch and as log(softmax) otherwise, 3e-8 apart). Float32 linears round a

@@ -9,7 +9,7 @@ rest take their donors' KV), those rows run the remaining layers alone:
   model's decode runs its layers in one C++ call (``radix_ext.cpu.decode.layer_stack``: int8
   linears, the invariant attention, SGLang's plain pool), the kept rows take that call: the kernels
   SGLang's layers reach, in their order, so the same bits as the layers themselves, without their
-  Python per layer (``tests/integration/test_asks_blend.py`` compares the two). Else SGLang's
+  Python per layer (``tests/integration/test_decode_layers.py`` compares the two). Else SGLang's
   layers run over the view.
 """
 

@@ -221,4 +221,3 @@ def layers_from(stack: DecodeStack, backend, first: int, hidden: torch.Tensor, p
     return kernels.decode_layers(hidden.contiguous(), w, cos, sin, pool.k_buffer[stack.buffers][first:],
                                  pool.v_buffer[stack.buffers][first:], out_cache_loc,
                                  backend.req_to_token_pool.req_to_token, rows)
-

@@ -194,12 +194,8 @@ def _packed_int8(linear) -> tuple[torch.Tensor, int]:
 def decode(model, stack: DecodeStack, backend, input_ids, positions, forward_batch):
     """``radix_ext.cpu.decode._decode`` with its layer loop in one ``kernels.decode_layers`` call."""
     layers = model.model
-    hidden = layers.embed_tokens(input_ids)
-    cos, sin = kernels.rotary_table(stack.rotary, positions, hidden.dtype)
-    pool = backend.token_to_kv_pool
-    hidden, residual = kernels.decode_layers(
-        hidden, stack.weights, cos, sin, pool.k_buffer[stack.buffers], pool.v_buffer[stack.buffers],
-        forward_batch.out_cache_loc, backend.req_to_token_pool.req_to_token, backend._query_rows(forward_batch))
+    hidden, residual = layers_from(stack, backend, 0, layers.embed_tokens(input_ids), positions,
+                                   forward_batch.out_cache_loc, backend._query_rows(forward_batch))
     hidden, _ = layers.norm(hidden, residual)
     return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
 
@@ -210,8 +206,9 @@ def layers_from(stack: DecodeStack, backend, first: int, hidden: torch.Tensor, p
     """The stack's layers ``first..`` in one ``kernels.decode_layers`` call for any query rows:
     ``hidden`` [n, H] each row's input to layer ``first`` (the stream restarted there: it is also
     the first residual), written at ``out_cache_loc`` [n], each row attending to its request's row
-    of the pool up to its own position (``rows``, ``radix_ext.cpu.attention.QueryRows``). ASKS
-    blend's kept rows take it (``radix_ext.asks.blend``) -> (hidden, residual) before the final norm."""
+    of the pool up to its own position (``rows``, ``radix_ext.cpu.attention.QueryRows``). A decode
+    step takes it from layer 0, ASKS blend's kept rows from the layer the check restarts the stream
+    at (``radix_ext.asks.kept_rows``) -> (hidden, residual) before the final norm."""
     w = stack.weights
     if first:
         w = kernels.LayerWeights(w.norms[2 * first:], w.eps[2 * first:], w.linears[4 * first:],

@@ -5,14 +5,15 @@
   the layer's attention and MLP then run for the kept rows only (for a row whose KV is the
   donor's from the next layer on, they would be thrown away).
 * ``write_donor_kv``: for every layer after the check, a reused row's KV is its donor's: V as is,
-  K re-rotated to the row's position (``radix_ext.asks.selection.rerotation``).
+  K re-rotated to the row's position (``radix_ext.asks.selection.rerotation``), in one C++ call
+  over every layer where it can (``radix_ext.cpu.kernels.donor_kv``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from radix_ext.asks.selection import rerotation
+from radix_ext.asks.selection import rerotation, rotation_tables
 
 
 def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, pool) -> None:
@@ -35,15 +36,37 @@ def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: t
 def write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: torch.Tensor,
                    deltas: torch.Tensor) -> None:
     """For each layer still to run: the donors' V, and their K re-rotated by ``deltas``, into the
-    request's own slots ``own`` (which the reduced layers never write). The rotation is looked up
-    once per rotary table (SGLang's layers share one)."""
+    request's own slots ``own`` (which the reduced layers never write). Where the layers share one
+    neox table over whole float32 heads and the CPU kernels are loaded, every layer in one call
+    (``radix_ext.cpu.kernels.donor_kv``, the same bits); else per layer, the rotation looked up once
+    per rotary table (SGLang's layers share one), as under ``RKSC_CPU_DECODE_LAYERS=0``."""
+    if not layers:
+        return
+    attns = [stack.layers[i].self_attn for i in layers]
+    k_buffers = [pool.get_key_buffer(a.attn.layer_id) for a in attns]
+    v_buffers = [pool.get_value_buffer(a.attn.layer_id) for a in attns]
+    rotary = attns[0].rotary_emb
+    if _one_call(rotary, attns, k_buffers, v_buffers):
+        from radix_ext.cpu import decode, kernels
+
+        cos, sin = rotation_tables(deltas, rotary)
+        kernels.donor_kv(k_buffers, v_buffers, own.long().contiguous(), donors.long().contiguous(), cos, sin)
+        decode.count("donor_kv_calls")
+        return
     moves = {}
-    for i in layers:
-        layer_id = stack.layers[i].self_attn.attn.layer_id
-        rotary = stack.layers[i].self_attn.rotary_emb
-        move = moves.get(id(rotary))
+    for attn, k_buffer, v_buffer in zip(attns, k_buffers, v_buffers):
+        move = moves.get(id(attn.rotary_emb))
         if move is None:
-            move = moves[id(rotary)] = rerotation(deltas, rotary)
-        k_buffer, v_buffer = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
+            move = moves[id(attn.rotary_emb)] = rerotation(deltas, attn.rotary_emb)
         k_buffer.index_copy_(0, own, move(k_buffer.index_select(0, donors)))
         v_buffer.index_copy_(0, own, v_buffer.index_select(0, donors))
+
+
+def _one_call(rotary, attns, k_buffers, v_buffers) -> bool:
+    from radix_ext.cpu import decode_stack, kernels
+
+    size = k_buffers[0].shape[-1]
+    return (kernels.loaded() and decode_stack.enabled() and rotary.is_neox_style and rotary.rotary_dim == size
+            and all(a.rotary_emb is rotary for a in attns)
+            and all(b.dtype == torch.float32 and b.is_contiguous() and b.dim() == 3 and b.shape[-1] == size
+                    for b in (*k_buffers, *v_buffers)))

@@ -109,21 +109,24 @@ def rerotation(deltas: torch.Tensor, rotary):
     ``apply_rotary_emb`` in one call, the same bits."""
     from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
 
-    cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
-    sin = torch.where(deltas[:, None] < 0, -sin, sin)
+    cos, sin = rotation_tables(deltas, rotary)
     rot, neox = rotary.rotary_dim, rotary.is_neox_style
     fused = _rope_neox() if neox else None
-    if fused is not None:
-        cos3, sin3 = cos.unsqueeze(1).contiguous(), sin.unsqueeze(1).contiguous()
 
     def move(keys: torch.Tensor) -> torch.Tensor:
         n, heads, size = keys.shape
         if fused is not None and rot == size and keys.dtype == torch.float32 and n:
-            return fused(keys.reshape(n, heads * size), heads, cos3, sin3).view(n, heads, size)
+            return fused(keys.reshape(n, heads * size), heads, cos.unsqueeze(1), sin.unsqueeze(1)).view(n, heads, size)
         moved = apply_rotary_emb(keys[..., :rot].float(), cos, sin, neox).to(keys.dtype)
         return torch.cat((moved, keys[..., rot:]), dim=-1) if rot < size else moved
 
     return move
+
+
+def rotation_tables(deltas: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosines and sines [n, rotary_dim / 2] (contiguous float32) that move a key by ``deltas``."""
+    cos, sin = rotary.cos_sin_cache.index_select(0, deltas.abs()).float().chunk(2, dim=-1)
+    return cos.contiguous(), torch.where(deltas[:, None] < 0, -sin, sin).contiguous()
 
 
 def _rope_neox():

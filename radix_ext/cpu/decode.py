@@ -36,7 +36,8 @@ LEAN_ENV = "RKSC_CPU_LEAN_DECODE"
 PLAN_ATTR = "_rksc_lean_decode_plan"  # on the model: its LayerPlan list, or the reason it has none
 _counts = {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0,  # this scheduler's decode steps
            "unsupported": None, "layers_unsupported": None,
-           "kept_rows_calls": 0}  # ASKS blend forwards whose kept rows ran in one call (layer_stack)
+           "kept_rows_calls": 0,  # ASKS blend forwards whose kept rows ran in one call (layer_stack)
+           "donor_kv_calls": 0}  # ... and whose donor KV went into every layer in one call (kernels.donor_kv)
 
 
 def stats() -> dict[str, Any]:
@@ -44,7 +45,8 @@ def stats() -> dict[str, Any]:
     layers in one C++ call), by ``_decode`` (``lean_steps``: the Python loop) and by SGLang's
     forward (``stock_steps``); why the last step kept SGLang's forward (``unsupported``) and why
     the last lean step kept the Python loop (``layers_unsupported``); None: it did not; and how
-    many ASKS blend forwards ran their kept rows in one call (``kept_rows_calls``)."""
+    many ASKS blend forwards ran their kept rows in one call (``kept_rows_calls``) and wrote their
+    donors' KV in one call (``donor_kv_calls``)."""
     return dict(_counts)
 
 

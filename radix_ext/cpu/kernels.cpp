@@ -1,6 +1,6 @@
 // The CPU kernels of ``--cpu-linear-dtype int8`` (AVX-512 VNNI), built and loaded by
 // radix_ext/cpu/kernels.py, which also packs the weights and says why these numbers:
-// ``torch.ops.rksc_cpu_kernels.w8a16_linear``, ``add_rms_norm`` and ``rope_neox``; and the
+// ``torch.ops.rksc_cpu_kernels.w8a16_linear``, ``add_rms_norm``, ``rope_neox`` and ``donor_kv``; and the
 // registration of every op of the library (``causal_attention`` is in causal_attention.cpp,
 // ``decode_layers`` in decode_layers.cpp). Every one computes a row from that row alone.
 //
@@ -23,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <unordered_set>
+#include <vector>
 
 namespace {
 
@@ -101,6 +103,33 @@ void rows(const int16_t* q, int64_t M, int64_t K, const float* xs, const int8_t*
   for (; r + kMaxRows <= M; r += kMaxRows) tile<kMaxRows, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
   if (M - r == 2) tile<2, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
   if (M - r == 1) tile<1, C>(q + r * K, K, xs + r, w, nb0, N, bias, out + r * N, N);
+}
+
+// One row's neox rotation: heads of 2 * half floats from x into o, by c / s [half].
+void rotate_row(const float* x, float* o, int64_t heads, int64_t half, const float* c, const float* s) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* x1 = x + h * 2 * half;
+    const float* x2 = x1 + half;
+    float* o1 = o + h * 2 * half;
+    float* o2 = o1 + half;
+    int64_t i = 0;
+    for (; i + 16 <= half; i += 16) {
+      const __m512 a = _mm512_loadu_ps(x1 + i), b = _mm512_loadu_ps(x2 + i);
+      const __m512 vc = _mm512_loadu_ps(c + i), vs = _mm512_loadu_ps(s + i);
+      _mm512_storeu_ps(o1 + i, _mm512_sub_ps(_mm512_mul_ps(a, vc), _mm512_mul_ps(b, vs)));
+      _mm512_storeu_ps(o2 + i, _mm512_add_ps(_mm512_mul_ps(b, vc), _mm512_mul_ps(a, vs)));
+    }
+    for (; i < half; ++i) {
+      o1[i] = x1[i] * c[i] - x2[i] * s[i];
+      o2[i] = x2[i] * c[i] + x1[i] * s[i];
+    }
+  }
+}
+
+void check_cos_sin(const at::Tensor& cos, const at::Tensor& sin, int64_t n, int64_t half) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.numel() == n * half &&
+              sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.numel() == n * half,
+              "cos, sin: contiguous float32 [n, 1, ", half, "]");
 }
 
 }  // namespace
@@ -203,37 +232,59 @@ at::Tensor rope_neox(const at::Tensor& x, int64_t heads, const at::Tensor& cos, 
   const int64_t n = x.size(0), width = x.size(1);
   TORCH_CHECK(heads > 0 && width % (2 * heads) == 0, "width ", width, " is not heads x an even head size");
   const int64_t half = width / heads / 2;
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.numel() == n * half &&
-              sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.numel() == n * half,
-              "cos, sin: contiguous float32 [n, 1, ", half, "]");
+  check_cos_sin(cos, sin, n, half);
   at::Tensor out = at::empty({n, width}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t ldx = x.stride(0);
   for (int64_t r = 0; r < n; ++r) {
-    const float* c = cp + r * half;
-    const float* s = sp + r * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* x1 = xp + r * ldx + h * 2 * half;
-      const float* x2 = x1 + half;
-      float* o1 = op + r * width + h * 2 * half;
-      float* o2 = o1 + half;
-      int64_t i = 0;
-      for (; i + 16 <= half; i += 16) {
-        const __m512 a = _mm512_loadu_ps(x1 + i), b = _mm512_loadu_ps(x2 + i);
-        const __m512 vc = _mm512_loadu_ps(c + i), vs = _mm512_loadu_ps(s + i);
-        _mm512_storeu_ps(o1 + i, _mm512_sub_ps(_mm512_mul_ps(a, vc), _mm512_mul_ps(b, vs)));
-        _mm512_storeu_ps(o2 + i, _mm512_add_ps(_mm512_mul_ps(b, vc), _mm512_mul_ps(a, vs)));
-      }
-      for (; i < half; ++i) {
-        o1[i] = x1[i] * c[i] - x2[i] * s[i];
-        o2[i] = x2[i] * c[i] + x1[i] * s[i];
-      }
-    }
+    rotate_row(xp + r * x.stride(0), op + r * width, heads, half, cos.data_ptr<float>() + r * half,
+               sin.data_ptr<float>() + r * half);
   }
   return out;
+}
+
+// donor_kv: for every layer's K and V buffer ([slots, heads, head] float32, contiguous), row own[r]
+// takes row donors[r]: V as is, K rotated by cos / sin [n, 1, head / 2] (rope_neox's arithmetic, so
+// the same bits as rotating the gathered rows). ASKS blend's reused rows (radix_ext/asks/kv_writes.py).
+// No donor slot may be one this call writes (refused): every row reads what was there before the call.
+void donor_kv(at::TensorList k_bufs, at::TensorList v_bufs, const at::Tensor& own, const at::Tensor& donors,
+              const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(k_bufs.size() == v_bufs.size(), "as many K as V buffers");
+  TORCH_CHECK(own.scalar_type() == at::kLong && donors.scalar_type() == at::kLong && own.is_contiguous() &&
+              donors.is_contiguous() && own.numel() == donors.numel(), "own, donors: contiguous int64 [n]");
+  const int64_t n = own.numel(), layers = static_cast<int64_t>(k_bufs.size());
+  if (n == 0 || layers == 0) return;
+  const int64_t heads = k_bufs[0].size(1), width = heads * k_bufs[0].size(2), half = k_bufs[0].size(2) / 2;
+  for (int64_t l = 0; l < layers; ++l) {
+    for (const at::Tensor* b : {&k_bufs[l], &v_bufs[l]}) {
+      TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->dim() == 3 &&
+                  b->size(1) * b->size(2) == width && b->size(0) == k_bufs[0].size(0),
+                  "K and V buffers: contiguous float32 [slots, ", heads, ", ", 2 * half, "]");
+    }
+  }
+  check_cos_sin(cos, sin, n, half);
+  const int64_t* op = own.data_ptr<int64_t>();
+  const int64_t* dp = donors.data_ptr<int64_t>();
+  const int64_t slots = k_bufs[0].size(0);
+  std::unordered_set<int64_t> written(op, op + n);
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(op[r] >= 0 && op[r] < slots && dp[r] >= 0 && dp[r] < slots, "slot out of range at row ", r);
+    TORCH_CHECK(!written.count(dp[r]), "donor slot ", dp[r], " is also written (row ", r, ")");
+  }
+  std::vector<float*> ks(layers), vs(layers);
+  for (int64_t l = 0; l < layers; ++l) {
+    ks[l] = k_bufs[l].data_ptr<float>();
+    vs[l] = v_bufs[l].data_ptr<float>();
+  }
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  at::parallel_for(0, layers * n, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t l = t / n, r = t % n;
+      rotate_row(ks[l] + dp[r] * width, ks[l] + op[r] * width, heads, half, cp + r * half, sp + r * half);
+      std::memcpy(vs[l] + op[r] * width, vs[l] + dp[r] * width, width * sizeof(float));
+    }
+  });
 }
 
 }  // namespace rksc
@@ -242,6 +293,7 @@ TORCH_LIBRARY(rksc_cpu_kernels, m) {
   m.def("w8a16_linear(Tensor x, Tensor w, int N, Tensor? bias) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope_neox(Tensor x, int heads, Tensor cos, Tensor sin) -> Tensor");
+  m.def("donor_kv(Tensor(a!)[] k_bufs, Tensor(b!)[] v_bufs, Tensor own, Tensor donors, Tensor cos, Tensor sin) -> ()");
   m.def("amx_rows() -> int", &rksc::amx_rows);  // no tensor to dispatch on: one kernel for all
   m.def("causal_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor table, Tensor req_rows, Tensor row_offsets, "
         "Tensor row_pos, float scale) -> Tensor");
@@ -255,6 +307,7 @@ TORCH_LIBRARY_IMPL(rksc_cpu_kernels, CPU, m) {
   m.impl("w8a16_linear", &rksc::w8a16_linear);
   m.impl("add_rms_norm", &rksc::add_rms_norm);
   m.impl("rope_neox", &rksc::rope_neox);
+  m.impl("donor_kv", &rksc::donor_kv);
   m.impl("causal_attention", &rksc::causal_attention);
   m.impl("decode_layers", &rksc::decode_layers);
 }

@@ -11,11 +11,13 @@
 
 namespace rksc {
 
-// kernels.cpp: int8-weight linear, fused residual add + RMSNorm, neox rotation.
+// kernels.cpp: int8-weight linear, fused residual add + RMSNorm, neox rotation, blend's donor KV.
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& w, int64_t N, const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps);
 at::Tensor rope_neox(const at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin);
+void donor_kv(at::TensorList k_bufs, at::TensorList v_bufs, const at::Tensor& own, const at::Tensor& donors,
+              const at::Tensor& cos, const at::Tensor& sin);
 int64_t amx_rows();  // the row count from which w8a16_linear runs on AMX tiles (0: never, here)
 
 // linear_amx.cpp: w8a16_linear's sums on AMX tiles, the same bits (q, xs: the rows at int16 and

@@ -195,6 +195,14 @@ def rope_neox(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor)
     return _ops().rope_neox(x, heads, cos, sin)
 
 
+def donor_kv(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], own: torch.Tensor, donors: torch.Tensor,
+             cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """ASKS blend's reused rows in every layer at once (``radix_ext.asks.kv_writes``): slot ``own[r]``
+    of each K and V buffer ([slots, heads, head] float32) takes slot ``donors[r]``'s, K rotated by
+    cos / sin [n, head / 2] (``rope_neox``'s arithmetic). A donor slot that is also written is refused."""
+    _ops().donor_kv(k_buffers, v_buffers, own, donors, cos, sin)
+
+
 def causal_attention(query: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, table: torch.Tensor,
                      req_rows: torch.Tensor, row_offsets: torch.Tensor, row_positions: torch.Tensor,
                      scale: float) -> torch.Tensor:

@@ -4,7 +4,8 @@ SGLang checks ``available + evictable + protected == total`` only inside the sch
 idle, and raises there. Tests and the benchmark want the same numbers from outside, so an AFTER
 hook on ``SchedulerInternalStateController.get_internal_state`` adds ``rksc_kv_pool``:
 ``{"total", "available", "evictable", "protected", "evicted_tokens", "cache_class"}`` in
-tokens, and the scheduler's ``queued_requests`` and ``running_requests``. ``evicted_tokens`` totals ``EvictResult.num_tokens_evicted`` since start-up, counted by
+tokens, the scheduler's ``queued_requests`` and ``running_requests``, and whether it runs
+SGLang's overlap schedule (``overlap_schedule``). ``evicted_tokens`` totals ``EvictResult.num_tokens_evicted`` since start-up, counted by
 AFTER hooks on the two eviction entry points that free KV: ``RadixCache.evict`` (Python tree, our
 backend's parent) and ``UnifiedRadixCache._evict`` (SGLang's default, Rust tree core). Reading it
 is only meaningful while no request runs. It also adds ``rksc_decode``: how many decode steps
@@ -40,6 +41,7 @@ def kv_pool_stats(scheduler) -> dict[str, Any]:
         "cache_class": f"{type(cache).__module__}.{type(cache).__qualname__}",
         "queued_requests": len(scheduler.waiting_queue),
         "running_requests": len(scheduler.running_batch.reqs),
+        "overlap_schedule": bool(scheduler.enable_overlap),  # the CPU default turns it off (rksc_sgl.engine)
     }
 
 

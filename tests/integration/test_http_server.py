@@ -45,6 +45,8 @@ class TestNativeApi:
         info = requests.get(f"{server_url}/server_info", timeout=30).json()
         pool = info["internal_states"][0]["rksc_kv_pool"]
         assert pool["available"] + pool["evictable"] + pool["protected"] == pool["total"]
+        # SGLang 0.5.23 keeps its overlap schedule on the CPU unless told (rksc_sgl.engine.CPU_DEFAULTS)
+        assert pool["overlap_schedule"] is False
 
 
 class TestOpenAiApi:

@@ -85,7 +85,7 @@ def test_one_stream_is_bitwise_sglangs(engines):
     assert after["unsupported"] is None and after["stock_steps"] == after["layers_steps"] == 0, after
     assert after["layers_unsupported"] == "int8-kernels-off", after  # float32 linears: the Python loop
     assert decode_stats(plain) == {"layers_steps": 0, "lean_steps": 0, "stock_steps": 0, "unsupported": None,
-                                   "layers_unsupported": None, "kept_rows_calls": 0}
+                                   "layers_unsupported": None, "kept_rows_calls": 0, "donor_kv_calls": 0}
 
 
 def test_greedy_ragged_batch(engines):

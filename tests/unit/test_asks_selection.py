@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radix_ext.asks.segments import Segment
-from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
+from radix_ext.asks.selection import deviations, pure_rotation, rerotate, rotation_tables, select
 
 
 class TestSelection:
@@ -126,3 +126,58 @@ class TestRerotation:
         assert not pure_rotation(rope)
 
 
+
+
+class TestDonorKv:
+    """``write_donor_kv``: every layer in one C++ call, or per layer in torch; the same bits."""
+
+    @staticmethod
+    def pool_and_stack(rope, layers=4, slots=64):
+        from types import SimpleNamespace as NS
+
+        buffers = [(torch.randn(slots, 3, 64), torch.randn(slots, 3, 64)) for _ in range(layers)]
+        pool = NS(get_key_buffer=lambda i: buffers[i][0], get_value_buffer=lambda i: buffers[i][1])
+        stack = NS(layers=[NS(self_attn=NS(attn=NS(layer_id=i), rotary_emb=rope)) for i in range(layers)])
+        return pool, stack, buffers
+
+    def test_one_call_is_the_per_layer_copy_bit_for_bit(self, monkeypatch):
+        from radix_ext.asks import kv_writes
+        from radix_ext.cpu import kernels
+
+        if kernels.unsupported():
+            pytest.skip(f"CPU kernels: {kernels.unsupported()}")
+        kernels.amx_rows()  # loads the library
+        rope = sglang_rope()
+        own, donors = torch.arange(40, 60), torch.randperm(40)[:20]
+        deltas = torch.randint(-300, 300, (20,))
+        results, calls = [], []
+        for one_call in (True, False):
+            torch.manual_seed(3)
+            pool, stack, buffers = self.pool_and_stack(rope)
+            before = [(k.clone(), v.clone()) for k, v in buffers]
+            monkeypatch.setattr(kv_writes, "_one_call", lambda *a, one=one_call: one)
+            monkeypatch.setattr(kernels, "donor_kv", lambda *a, f=kernels.donor_kv: (calls.append(1), f(*a)))
+            kv_writes.write_donor_kv(pool, stack, [1, 2, 3], own, donors, deltas)
+            results.append(buffers)
+            k0, v0 = buffers[0]
+            assert torch.equal(k0, before[0][0]) and torch.equal(v0, before[0][1])  # layer 0 not asked for
+            untouched = torch.ones(64, dtype=torch.bool)
+            untouched[own] = False
+            for (k, v), (k_was, v_was) in zip(buffers, before):
+                assert torch.equal(k[untouched], k_was[untouched]) and torch.equal(v[untouched], v_was[untouched])
+        assert calls == [1]
+        for (k1, v1), (k2, v2) in zip(*results):
+            assert torch.equal(k1, k2) and torch.equal(v1, v2)
+        moved = rerotate(results[0][2][0][donors], deltas, rope)
+        assert torch.equal(results[0][2][0][own], moved) and torch.equal(results[0][2][1][own], results[0][2][1][donors])
+
+    def test_the_kernel_refuses_a_donor_slot_it_writes(self):
+        from radix_ext.cpu import kernels
+
+        if kernels.unsupported():
+            pytest.skip(f"CPU kernels: {kernels.unsupported()}")
+        rope = sglang_rope()
+        _, _, buffers = self.pool_and_stack(rope, layers=1)
+        cos, sin = rotation_tables(torch.tensor([1, 2]), rope)
+        with pytest.raises(RuntimeError, match="donor slot 5 is also written"):
+            kernels.donor_kv([buffers[0][0]], [buffers[0][1]], torch.tensor([5, 6]), torch.tensor([7, 5]), cos, sin)

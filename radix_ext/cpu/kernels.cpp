@@ -254,18 +254,19 @@ void donor_kv(at::TensorList k_bufs, at::TensorList v_bufs, const at::Tensor& ow
               donors.is_contiguous() && own.numel() == donors.numel(), "own, donors: contiguous int64 [n]");
   const int64_t n = own.numel(), layers = static_cast<int64_t>(k_bufs.size());
   if (n == 0 || layers == 0) return;
-  const int64_t heads = k_bufs[0].size(1), width = heads * k_bufs[0].size(2), half = k_bufs[0].size(2) / 2;
+  const at::Tensor& first = k_bufs[0];
+  TORCH_CHECK(first.dim() == 3 && first.size(2) % 2 == 0, "K and V buffers: [slots, heads, an even head size]");
+  const int64_t heads = first.size(1), width = heads * first.size(2), half = first.size(2) / 2;
   for (int64_t l = 0; l < layers; ++l) {
     for (const at::Tensor* b : {&k_bufs[l], &v_bufs[l]}) {
       TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->dim() == 3 &&
-                  b->size(1) * b->size(2) == width && b->size(0) == k_bufs[0].size(0),
-                  "K and V buffers: contiguous float32 [slots, ", heads, ", ", 2 * half, "]");
+                  b->sizes() == first.sizes(), "K and V buffers: contiguous float32, each ", first.sizes());
     }
   }
   check_cos_sin(cos, sin, n, half);
   const int64_t* op = own.data_ptr<int64_t>();
   const int64_t* dp = donors.data_ptr<int64_t>();
-  const int64_t slots = k_bufs[0].size(0);
+  const int64_t slots = first.size(0);
   std::unordered_set<int64_t> written(op, op + n);
   for (int64_t r = 0; r < n; ++r) {
     TORCH_CHECK(op[r] >= 0 && op[r] < slots && dp[r] >= 0 && dp[r] < slots, "slot out of range at row ", r);

@@ -126,8 +126,6 @@ class TestRerotation:
         assert not pure_rotation(rope)
 
 
-
-
 class TestDonorKv:
     """``write_donor_kv``: every layer in one C++ call, or per layer in torch; the same bits."""
 
@@ -168,16 +166,20 @@ class TestDonorKv:
         assert calls == [1]
         for (k1, v1), (k2, v2) in zip(*results):
             assert torch.equal(k1, k2) and torch.equal(v1, v2)
-        moved = rerotate(results[0][2][0][donors], deltas, rope)
-        assert torch.equal(results[0][2][0][own], moved) and torch.equal(results[0][2][1][own], results[0][2][1][donors])
+        k2, v2 = results[0][2]
+        assert torch.equal(k2[own], rerotate(k2[donors], deltas, rope)) and torch.equal(v2[own], v2[donors])
 
-    def test_the_kernel_refuses_a_donor_slot_it_writes(self):
+    def test_the_kernel_refuses_aliased_out_of_range_and_mismatched_slots(self):
         from radix_ext.cpu import kernels
 
         if kernels.unsupported():
             pytest.skip(f"CPU kernels: {kernels.unsupported()}")
         rope = sglang_rope()
         _, _, buffers = self.pool_and_stack(rope, layers=1)
-        cos, sin = rotation_tables(torch.tensor([1, 2]), rope)
+        (k, v), cos_sin = buffers[0], rotation_tables(torch.tensor([1, 2]), rope)
         with pytest.raises(RuntimeError, match="donor slot 5 is also written"):
-            kernels.donor_kv([buffers[0][0]], [buffers[0][1]], torch.tensor([5, 6]), torch.tensor([7, 5]), cos, sin)
+            kernels.donor_kv([k], [v], torch.tensor([5, 6]), torch.tensor([7, 5]), *cos_sin)
+        with pytest.raises(RuntimeError, match="slot out of range"):
+            kernels.donor_kv([k], [v], torch.tensor([5, 6]), torch.tensor([7, 64]), *cos_sin)
+        with pytest.raises(RuntimeError, match="K and V buffers"):
+            kernels.donor_kv([k], [v[:32]], torch.tensor([5, 6]), torch.tensor([7, 8]), *cos_sin)

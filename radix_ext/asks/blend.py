@@ -14,15 +14,17 @@ computed after another opening (``radix_ext.asks.segments``). For each run:
   ``fresh_tail`` tokens (the question, the assistant header) are always computed.
 
 ``blend_forward`` (an AROUND hook on the model's forward) runs the first layers for every token
-when the selector needs them (the last of them only as far as its K and V, ``radix_ext.asks.kv_writes``:
-the attention and MLP of a row whose KV is then the donor's would be thrown away), then carries
-only the kept rows: the others' KV is the donor's,
+when the selector needs them (the last of them only as far as its K and V and queries,
+``radix_ext.asks.kv_writes``: the attention and MLP of a row whose KV is then the donor's would be
+thrown away), then carries only the kept rows: the others' KV is the donor's,
 written into the request's own slots, and each kept row attends to its whole row of the KV pool
-up to its own position (``radix_ext.asks.kept_rows``: in one C++ call of the remaining layers
-where the model's decode runs so, else SGLang's layers over a ``BlendView``).
+up to its own position (``radix_ext.asks.kept_rows``: in one C++ call of the remaining layers,
+from the check's queries, where the model's decode runs so, else SGLang's layers over a
+``BlendView``).
 
-At ``r = 1`` nothing is reduced and the forward is SGLang's layer loop: the request's tokens and
-KV are exactly exact's. Below 1, the request's KV from its first reused token on is approximate,
+At ``r = 1``, or where every reused token is recomputed, every row is kept and runs those same
+layers, whose rows' numbers do not depend on the rows beside them: the request's tokens and KV
+are exactly exact's. Below 1, the request's KV from its first reused token on is approximate,
 so it never enters the tree: ``RkscRadixCache.checkpoint`` inserts only the tokens before it
 (``EXACT_LEN_ATTR``: the cached prefix, the opening, the leading tokens computed in full, whose
 rows are the same bits as in a full forward, since every row depends only on the rows before it),
@@ -51,10 +53,10 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
-from radix_ext.asks.kept_rows import kept_layers, view_of
+from radix_ext.asks.kept_rows import kept_layers, one_call, view_of
 from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
 from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
-from radix_ext.model_stack import TARGETS, norm_kwargs, plain_call, plain_stack
+from radix_ext.model_stack import TARGETS, plain_call, plain_stack
 from rksc_sgl.config import RkscConfig
 from rksc_sgl.protocol import AsksOptions
 
@@ -266,12 +268,15 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     started = time.perf_counter()
     pool = get_attn_backend().token_to_kv_pool
     reused = [(plan, plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()) for plan in plans]
-    checked_state = None  # the stream's full state entering the last check layer
-    if full_layers:  # the check compares only covered rows' KV; every other row is kept and computes its own
+    checked_state = first_q = None  # the stream's full state entering the last check layer, its queries
+    continued = one_call(model)  # the kept rows in one call, from the check's queries
+    if full_layers:  # the check compares covered rows' KV; in one call, every row continues from its QKV
         checked_state = residual_batch.snapshot(hidden, forward_batch)
         covered = torch.cat([rows for plan, rows, _, _ in reused if 0 < plan.decision.recompute < 1])
-        write_check_kv(stack.layers[layers[resume]], positions[covered], checked_state[covered],
-                       forward_batch.out_cache_loc[covered], pool)
+        check_rows = torch.arange(int(input_ids.shape[0])) if continued else covered
+        q = write_check_kv(stack.layers[layers[resume]], positions[check_rows], checked_state[check_rows],
+                           forward_batch.out_cache_loc[check_rows], pool)
+        first_q = q if continued else None
     num_tokens = int(input_ids.shape[0])
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
@@ -299,14 +304,10 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
             plan.decision.exact_tokens = exact
             setattr(plan.req, EXACT_LEN_ATTR, exact)
         state.blend_counters.count(plan.decision)
-    if bool(keep.all()):  # everything recomputed: SGLang's loop on its own stream, exact
-        state.blend_counters.seconds += time.perf_counter() - started
-        for i in layers[resume:]:
-            hidden = stack.layers[i](positions, hidden, forward_batch)
-        return _finish(model, input_ids, hidden, forward_batch, stack)
-    rows = torch.cat(skipped_rows)
-    write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
-                    torch.cat(skipped_donors), torch.cat(skipped_deltas))
+    rows = torch.cat(skipped_rows)  # none when everything is recomputed: the kept rows are all, exact
+    if rows.numel():
+        write_donor_kv(pool, stack, layers[full_layers:], forward_batch.out_cache_loc[rows].long(),
+                       torch.cat(skipped_donors), torch.cat(skipped_deltas))
     kept = keep.nonzero().squeeze(1)
     view = view_of(forward_batch, keep, kept, positions)
     state.blend_counters.seconds += time.perf_counter() - started
@@ -314,17 +315,11 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         hidden = checked_state
         residual_batch.clear(forward_batch)
         residual_batch.start(forward_batch)
-    hidden = kept_layers(model, hidden[kept], positions[kept], forward_batch, view, resume)
+    hidden = kept_layers(model, hidden[kept], positions[kept], forward_batch, view, resume,
+                         None if first_q is None else first_q[kept])
     full = hidden.new_zeros(num_tokens, hidden.shape[1])
     full[kept] = hidden  # the rows the logits processor reads (each request's last) are kept
     return model.logits_processor(input_ids, full, model.lm_head, forward_batch)
-
-
-def _finish(model, input_ids, hidden, forward_batch, stack):
-    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
-
-    hidden = residual_batch.final_norm(hidden, forward_batch, stack.norm, **norm_kwargs(stack))
-    return model.logits_processor(input_ids, hidden, model.lm_head, forward_batch)
 
 
 _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)

@@ -6,11 +6,13 @@ rest take their donors' KV), those rows run the remaining layers alone:
 * ``view_of``: the ``BlendView`` of the batch, which ``radix_ext.cpu.attention`` reads so that each
   kept row writes its own KV slot and attends to its request's row of the pool up to its position;
 * ``kept_layers``: the kept rows through the remaining layers and the final norm. Where the
-  model's decode runs its layers in one C++ call (``radix_ext.cpu.decode.layer_stack``: int8
-  linears, the invariant attention, SGLang's plain pool), the kept rows take that call: the kernels
-  SGLang's layers reach, in their order, so the same bits as the layers themselves, without their
-  Python per layer (``tests/integration/test_decode_layers.py`` compares the two). Else SGLang's
-  layers run over the view.
+  model's decode runs its layers in one C++ call (``one_call``; ``radix_ext.cpu.decode.layer_stack``:
+  int8 linears, the invariant attention, SGLang's plain pool), the kept rows take that call: the
+  kernels SGLang's layers reach, in their order, so the same bits as the layers themselves, without
+  their Python per layer (``tests/integration/test_decode_layers.py`` compares the two). There the
+  first layer starts at its attention, from the queries the check computed for every row with its
+  K and V (``radix_ext.asks.kv_writes.write_check_kv``, the same kernels: its norm, QKV and
+  rotation run once per row). Else SGLang's layers run over the view, the first one whole.
 """
 
 from __future__ import annotations
@@ -45,10 +47,20 @@ def view_of(forward_batch, keep: torch.Tensor, kept: torch.Tensor, positions: to
     return BlendView(forward_batch.out_cache_loc[kept], counts, positions[kept].long())
 
 
+def one_call(model) -> bool:
+    """Whether ``kept_layers`` runs the kept rows in one C++ call (module docstring)."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    from radix_ext.cpu import decode
+
+    return not isinstance(decode.layer_stack(model, get_attn_backend()), str)
+
+
 def kept_layers(model, hidden: torch.Tensor, positions: torch.Tensor, forward_batch, view: BlendView,
-                first: int) -> torch.Tensor:
+                first: int, first_q: torch.Tensor | None = None) -> torch.Tensor:
     """The kept rows (``hidden``: their stream state entering layer ``first`` of the stack, which
-    restarts there) through layers ``first..`` and the final norm (module docstring)."""
+    restarts there) through layers ``first..`` and the final norm (module docstring). ``first_q``:
+    their rotated queries at layer ``first``, whose K and V are in the pool (the one call only)."""
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
@@ -61,7 +73,7 @@ def kept_layers(model, hidden: torch.Tensor, positions: torch.Tensor, forward_ba
         residual_batch.clear(forward_batch)
         rows = QueryRows.of(forward_batch.req_pool_indices, view.query_counts, view.query_positions)
         hidden, residual = decode_stack.layers_from(layers, backend, first, hidden, positions, view.out_cache_loc,
-                                                    rows)
+                                                    rows, first_q)
         decode.count("kept_rows_calls")
         return stack.norm(hidden, residual)[0]
     setattr(forward_batch, VIEW_ATTR, view)

@@ -1,7 +1,8 @@
 """What ASKS blend writes into the KV pool itself, around the layers SGLang's attention writes.
 
-* ``write_check_kv``: the last check layer's K and V for the tokens a donor covers, from the layer's
-  input norm, QKV projection and rotation alone. The selection compares them with the donor's;
+* ``write_check_kv``: the last check layer's K and V for the tokens a donor covers (for every row
+  where the kept rows continue in one call), from the layer's input norm, QKV projection and
+  rotation alone, and the rotated queries. The selection compares the K and V with the donor's;
   the layer's attention and MLP then run for the kept rows only (for a row whose KV is the
   donor's from the next layer on, they would be thrown away).
 * ``write_donor_kv``: for every layer after the check, a reused row's KV is its donor's: V as is,
@@ -16,21 +17,23 @@ import torch
 from radix_ext.asks.selection import rerotation, rotation_tables
 
 
-def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, pool) -> None:
+def write_check_kv(layer, positions: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, pool) -> torch.Tensor:
     """The K and V that ``layer`` would write for the rows whose stream state is ``state`` (the
     full state, so no residual is pending), written into their ``slots``: its input norm, QKV
     projection and rotation (``LlamaAttention.forward_prepare_native``; Qwen2's forward does the
-    same inline). The kept rows run the layer whole afterwards and write theirs again; the reused
-    rows' KV at this layer is their own, computed in their own context."""
+    same inline) -> their rotated queries [rows, q_size], contiguous. The reused rows' KV at this
+    layer is their own, computed in their own context; the kept rows continue from their queries
+    (``radix_ext.asks.kept_rows``), or run the layer whole and write theirs again."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
     attn = layer.self_attn
     qkv, _ = attn.qkv_proj(layer.input_layernorm(state))
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-    _, k = attn.rotary_emb(positions, q, k)
+    q, k = attn.rotary_emb(positions, q, k)
     radix = attn.attn
     pool.set_kv_buffer(radix, KVWriteLoc(slots, None), k.view(-1, radix.tp_k_head_num, radix.qk_head_dim),
                        v.view(-1, radix.tp_v_head_num, radix.v_head_dim))
+    return q.reshape(-1, attn.q_size).contiguous()
 
 
 def write_donor_kv(pool, stack, layers: list[int], own: torch.Tensor, donors: torch.Tensor,

@@ -11,7 +11,10 @@
 //   x, residual = add_rms_norm(hidden, residual, norms[2l + 1], eps[2l + 1])
 //   g           = w8a16_linear(x, linears[4l + 2], widths[4l + 2])
 //   hidden      = w8a16_linear(silu(g[:, :d]) * g[:, d:], linears[4l + 3])  (SiluAndMul.forward_native)
-// and returns (hidden, residual) for the stack's final norm. These are the functions the Python loop
+// and returns (hidden, residual) for the stack's final norm. With ``first_q`` [n, q_heads x head_dim]
+// (ASKS blend's kept rows, radix_ext/asks/blend.py), the first layer's queries come rotated from
+// the caller, which also wrote that layer's K and V for these rows into the pool from the same
+// input (the same kernels, so the same bits): the first layer starts at its attention. These are the functions the Python loop
 // reaches through the dispatcher, called directly, and the ATen ops its torch calls dispatch to
 // (index_put_ of Tensor.__setitem__, silu, mul), in its order on the same tensors: the same bits.
 // What it saves is the Python around them: about 12 op calls from Python per layer, 30 layers.
@@ -29,7 +32,7 @@ namespace {
 void check_layers(const at::Tensor& hidden, at::TensorList norms, c10::ArrayRef<double> eps, at::TensorList linears,
                   c10::IntArrayRef widths, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_bufs,
                   at::TensorList v_bufs, const at::Tensor& loc, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                  c10::ArrayRef<double> scales) {
+                  c10::ArrayRef<double> scales, const std::optional<at::Tensor>& first_q) {
   const int64_t L = static_cast<int64_t>(k_bufs.size());
   TORCH_CHECK(L > 0, "decode_layers: no layers");
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == 2 * L && static_cast<int64_t>(eps.size()) == 2 * L &&
@@ -49,6 +52,9 @@ void check_layers(const at::Tensor& hidden, at::TensorList norms, c10::ArrayRef<
               "decode_layers: cos, sin must be [n, 1, head_dim / 2] = [", n, ", 1, ", head_dim / 2, "]");
   TORCH_CHECK((loc.scalar_type() == at::kLong || loc.scalar_type() == at::kInt) && loc.dim() == 1 && loc.numel() == n,
               "decode_layers: loc must be int64 or int32 [n] = [", n, "], got ", loc.scalar_type(), " ", loc.sizes());
+  TORCH_CHECK(!first_q || (first_q->scalar_type() == at::kFloat && first_q->is_contiguous() &&
+                            first_q->dim() == 2 && first_q->size(0) == n && first_q->size(1) == qs),
+              "decode_layers: first_q must be contiguous float32 [n, q_heads x head_dim] = [", n, ", ", qs, "]");
   for (const auto l : c10::irange(L)) {
     for (const auto i : c10::irange(2))
       TORCH_CHECK(norms[2 * l + i].scalar_type() == at::kFloat && norms[2 * l + i].numel() == H,
@@ -79,24 +85,31 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
     c10::IntArrayRef widths, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_bufs,
     at::TensorList v_bufs, const at::Tensor& loc, const at::Tensor& table, const at::Tensor& req_rows,
     const at::Tensor& row_offsets, const at::Tensor& row_pos, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-    c10::ArrayRef<double> scales) {
-  check_layers(hidden, norms, eps, linears, widths, cos, sin, k_bufs, v_bufs, loc, q_heads, kv_heads, head_dim, scales);
+    c10::ArrayRef<double> scales, const std::optional<at::Tensor>& first_q) {
+  check_layers(hidden, norms, eps, linears, widths, cos, sin, k_bufs, v_bufs, loc, q_heads, kv_heads, head_dim, scales,
+               first_q);
   const int64_t qs = q_heads * head_dim, kvs = kv_heads * head_dim;
   const c10::List<std::optional<at::Tensor>> slots({loc});
   at::Tensor h = hidden, residual, x;
   for (const auto l : c10::irange(static_cast<int64_t>(k_bufs.size()))) {
-    if (l == 0) {
-      residual = h;  // the stack's input is the first residual
-      x = std::get<0>(add_rms_norm(h, std::nullopt, norms[0], eps[0]));
+    at::Tensor q;
+    if (l == 0 && first_q) {
+      residual = h;  // the stack's input is the first residual; its K, V and rotated queries are given
+      q = *first_q;
     } else {
-      std::tie(x, residual) = add_rms_norm(h, residual, norms[2 * l], eps[2 * l]);
+      if (l == 0) {
+        residual = h;  // the stack's input is the first residual
+        x = std::get<0>(add_rms_norm(h, std::nullopt, norms[0], eps[0]));
+      } else {
+        std::tie(x, residual) = add_rms_norm(h, residual, norms[2 * l], eps[2 * l]);
+      }
+      const at::Tensor qkv = w8a16_linear(x, linears[4 * l], widths[4 * l], std::nullopt);
+      q = rope_neox(qkv.narrow(1, 0, qs), q_heads, cos, sin);
+      const at::Tensor k = rope_neox(qkv.narrow(1, qs, kvs), kv_heads, cos, sin);
+      const at::Tensor v = qkv.narrow(1, qs + kvs, kvs);
+      k_bufs[l].index_put_(slots, k.view({-1, kv_heads, head_dim}));
+      v_bufs[l].index_put_(slots, v.view({-1, kv_heads, head_dim}));
     }
-    const at::Tensor qkv = w8a16_linear(x, linears[4 * l], widths[4 * l], std::nullopt);
-    const at::Tensor q = rope_neox(qkv.narrow(1, 0, qs), q_heads, cos, sin);
-    const at::Tensor k = rope_neox(qkv.narrow(1, qs, kvs), kv_heads, cos, sin);
-    const at::Tensor v = qkv.narrow(1, qs + kvs, kvs);
-    k_bufs[l].index_put_(slots, k.view({-1, kv_heads, head_dim}));
-    v_bufs[l].index_put_(slots, v.view({-1, kv_heads, head_dim}));
     const at::Tensor attn = causal_attention(q.view({-1, q_heads, head_dim}), k_bufs[l], v_bufs[l], table, req_rows,
                                              row_offsets, row_pos, scales[l]);
     h = w8a16_linear(attn.view({attn.size(0), qs}), linears[4 * l + 1], widths[4 * l + 1], std::nullopt);

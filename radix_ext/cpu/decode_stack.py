@@ -202,13 +202,14 @@ def decode(model, stack: DecodeStack, backend, input_ids, positions, forward_bat
 
 @torch.no_grad()
 def layers_from(stack: DecodeStack, backend, first: int, hidden: torch.Tensor, positions: torch.Tensor,
-                out_cache_loc: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+                out_cache_loc: torch.Tensor, rows, first_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The stack's layers ``first..`` in one ``kernels.decode_layers`` call for any query rows:
     ``hidden`` [n, H] each row's input to layer ``first`` (the stream restarted there: it is also
     the first residual), written at ``out_cache_loc`` [n], each row attending to its request's row
     of the pool up to its own position (``rows``, ``radix_ext.cpu.attention.QueryRows``). A decode
     step takes it from layer 0, ASKS blend's kept rows from the layer the check restarts the stream
-    at (``radix_ext.asks.kept_rows``) -> (hidden, residual) before the final norm."""
+    at (``radix_ext.asks.kept_rows``), with ``first_q`` the rotated queries of layer ``first``
+    whose K and V its check already wrote -> (hidden, residual) before the final norm."""
     w = stack.weights
     if first:
         w = kernels.LayerWeights(w.norms[2 * first:], w.eps[2 * first:], w.linears[4 * first:],
@@ -217,4 +218,4 @@ def layers_from(stack: DecodeStack, backend, first: int, hidden: torch.Tensor, p
     pool = backend.token_to_kv_pool
     return kernels.decode_layers(hidden.contiguous(), w, cos, sin, pool.k_buffer[stack.buffers][first:],
                                  pool.v_buffer[stack.buffers][first:], out_cache_loc,
-                                 backend.req_to_token_pool.req_to_token, rows)
+                                 backend.req_to_token_pool.req_to_token, rows, first_q)

@@ -300,7 +300,8 @@ TORCH_LIBRARY(rksc_cpu_kernels, m) {
         "Tensor row_pos, float scale) -> Tensor");
   m.def("decode_layers(Tensor hidden, Tensor[] norms, float[] eps, Tensor[] linears, int[] widths, Tensor cos, "
         "Tensor sin, Tensor(a!)[] k_bufs, Tensor(b!)[] v_bufs, Tensor loc, Tensor table, Tensor req_rows, "
-        "Tensor row_offsets, Tensor row_pos, int q_heads, int kv_heads, int head_dim, float[] scales) "
+        "Tensor row_offsets, Tensor row_pos, int q_heads, int kv_heads, int head_dim, float[] scales, "
+        "Tensor? first_q=None) "
         "-> (Tensor, Tensor)");
 }
 

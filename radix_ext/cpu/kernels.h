@@ -37,6 +37,6 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
     c10::IntArrayRef widths, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_bufs,
     at::TensorList v_bufs, const at::Tensor& loc, const at::Tensor& table, const at::Tensor& req_rows,
     const at::Tensor& row_offsets, const at::Tensor& row_pos, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-    c10::ArrayRef<double> scales);
+    c10::ArrayRef<double> scales, const std::optional<at::Tensor>& first_q);
 
 }  // namespace rksc

@@ -234,16 +234,18 @@ class LayerWeights:
 
 def decode_layers(hidden: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
                   k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], out_cache_loc: torch.Tensor,
-                  table: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+                  table: torch.Tensor, rows, first_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer of a decode step in one call (``decode_layers.cpp`` lists what each
     layer runs): hidden [n, H] float32, the embedding's output; cos / sin [n, 1, head_dim / 2];
     k_buffers / v_buffers: the KV pool's [slots, kv_heads, head_dim] per layer, written at
     out_cache_loc [n]; table and rows (``radix_ext.cpu.attention.QueryRows``) as
-    ``causal_attention`` takes them -> (hidden, residual) [n, H] before the stack's final norm."""
+    ``causal_attention`` takes them; ``first_q`` [n, q_heads * head_dim]: the first layer's rotated
+    queries, its K and V already in the pool, so it starts at its attention -> (hidden, residual)
+    [n, H] before the stack's final norm."""
     w = weights
     return _ops().decode_layers(hidden, w.norms, w.eps, w.linears, w.widths, cos, sin, k_buffers, v_buffers,
                                 out_cache_loc, table, rows.req_rows, rows.offsets, rows.positions, w.q_heads,
-                                w.kv_heads, w.head_dim, w.scales)
+                                w.kv_heads, w.head_dim, w.scales, first_q)
 
 
 def use_fused_norms(model: torch.nn.Module) -> int:

@@ -134,7 +134,33 @@ class TestTheOp:
                 b.copy_(a)
             assert all(torch.equal(a, b) for a, b in zip(step.op(ours), step.python_loop(theirs)))
 
+    def test_the_first_layers_given_queries_are_its_own_bit_for_bit(self):
+        """ASKS blend's kept rows: the check wrote the first layer's K and V and passes its rotated
+        queries (``first_q``); the op starts that layer at its attention, with the same result."""
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        step = Step.make(seed=5)
+        ours, theirs, shifted_pool = sglang_pool(2), sglang_pool(2), sglang_pool(2)
+        for a, b, c in zip(ours.k_buffer + ours.v_buffer, theirs.k_buffer + theirs.v_buffer,
+                           shifted_pool.k_buffer + shifted_pool.v_buffer):
+            b.copy_(a)
+            c.copy_(a)
+        w, q_size, kv_size = step.weights, Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+        x = kernels.add_rms_norm(step.hidden, None, w.norms[0], w.eps[0])[0]
+        q, k, v = kernels.linear(x, (w.linears[0], w.widths[0])).split([q_size, kv_size, kv_size], dim=-1)
+        q, k = kernels.rope_neox(q, Q_HEADS, step.cos, step.sin), kernels.rope_neox(k, KV_HEADS, step.cos, step.sin)
+        for pool in (ours, shifted_pool):
+            pool.set_kv_buffer(types.SimpleNamespace(layer_id=0), KVWriteLoc(step.loc),
+                               k.view(-1, KV_HEADS, HEAD_DIM), v.view(-1, KV_HEADS, HEAD_DIM))
+        given = step.op(ours, first_q=q.contiguous())
+        assert all(torch.equal(a, b) for a, b in zip(given, step.op(theirs)))
+        for a, b in zip(ours.k_buffer + ours.v_buffer, theirs.k_buffer + theirs.v_buffer):
+            assert torch.equal(a, b)
+        shifted = step.op(shifted_pool, first_q=(q * 1.01).contiguous())  # the queries are read, not recomputed
+        assert not torch.equal(shifted[0], given[0])
+
     @pytest.mark.parametrize("change, message", [
+        (lambda s, p: {"first_q": torch.zeros(3, Q_HEADS * HEAD_DIM + 1)}, "first_q must be contiguous float32"),
         (lambda s, p: {"k_buffers": p.k_buffer[:1]}, "for 1 layers .* got 4 norms"),
         (lambda s, p: {"weights": dataclasses.replace(s.weights, widths=[HIDDEN] + s.weights.widths[1:])},
          "layer 0 linear 0 .* must give 256 columns, got 64"),

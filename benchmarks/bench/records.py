@@ -31,15 +31,25 @@ def git_commit() -> str:
         return "unknown"
 
 
+# cpuinfo flags that pick a kernel path (radix_ext.cpu): one model name covers CPUs with and without AMX
+KERNEL_FLAGS = (("avx512_vnni", "AVX-512 VNNI"), ("amx_int8", "AMX"))
+
+
 def machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """E.g. ``x86_64, Intel(R) Xeon(R) Processor, 2 cores, CPU``: the processor's model where
-    ``cpuinfo`` names it, since figures from two models of one architecture do not compare."""
-    model = ""
+    """E.g. ``x86_64, Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX), 2 cores, CPU``: the
+    processor's model where ``cpuinfo`` names it, and which of ``KERNEL_FLAGS`` it has, since
+    figures from two models of one architecture do not compare, nor two CPUs of one model name
+    whose kernels differ."""
+    model, flags = "", set()
     try:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("model name")), "")
+        lines = cpuinfo.read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+        flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     except OSError:
         pass
+    named = [name for flag, name in KERNEL_FLAGS if flag in flags]
+    if model and named:
+        model += f" ({', '.join(named)})"
     return ", ".join(x for x in (platform.machine(), model, f"{os.cpu_count()} cores", "CPU") if x)
 
 

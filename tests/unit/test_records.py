@@ -71,3 +71,9 @@ def test_machine_names_the_processor_model_where_cpuinfo_has_one(tmp_path):
     assert machine(info).endswith(f"AMD EPYC 9R14 96-Core Processor, {os.cpu_count()} cores, CPU")
     assert machine(tmp_path / "absent").endswith(f", {os.cpu_count()} cores, CPU")
     assert "model" not in machine(tmp_path / "absent")
+    # the flags that pick a kernel path: one model name covers CPUs with and without AMX tiles
+    xeon = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx512f avx512_vnni{}\n"
+    info.write_text(xeon.format(""))
+    assert machine(info).endswith(f"Intel(R) Xeon(R) Processor (AVX-512 VNNI), {os.cpu_count()} cores, CPU")
+    info.write_text(xeon.format(" amx_bf16 amx_tile amx_int8"))
+    assert "Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX), " in machine(info)

@@ -27,15 +27,15 @@ def latency_table(rows: list[dict]) -> list[str]:
            "percentile over every request of every repeat (x exact: exact's median over the row's)"
            + ("; the verification phase's wall time, median over repeats; picks against exact's on the same "
               "candidates, P(Yes) per candidate against exact's:" if grader
-              else "; each agent's outputs identical to exact's, in chain order:"), ""]
+              else "; each agent's TTFT median, and its outputs identical to exact's, in chain order:"), ""]
     if grader:
         out += ["| dataset | mode | wall s | x exact | TTFT median s | TTFT p90 s | TTFT x exact | verify s "
                 "| verify x exact | grader picks exact's | mean abs P(Yes) diff | accuracy |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     else:
         out += ["| dataset | mode | wall s | x exact | TTFT median s | TTFT p90 s | TTFT x exact | request latency "
-                "median s | identical outputs per agent | accuracy |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "median s | TTFT median per agent s | identical outputs per agent | accuracy |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in mine:
         head = (f"| {r['dataset']} | {r['mode']} | {r['wall_s']:.1f} | {_fmt(r.get('speedup_vs_exact'), '.2f')} "
                 f"| {_fmt(r['ttft_median_s'], '.3f')} | {_fmt(r.get('ttft_p90_s'), '.3f')} "
@@ -47,6 +47,7 @@ def latency_table(rows: list[dict]) -> list[str]:
                               f"| {_fmt(r.get('accuracy'), '.2f')} |")
         else:
             out.append(head + f"| {_fmt(r.get('latency_median_s'), '.3f')} "
+                              f"| {_per_agent(r.get('ttft_median_s_by_agent'), '.3f')} "
                               f"| {_per_agent(r.get('agent_output_identical_vs_exact'), '.2f')} "
                               f"| {_fmt(r.get('accuracy'), '.2f')} |")
     return out

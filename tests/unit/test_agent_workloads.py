@@ -204,10 +204,12 @@ class TestColumns:
 
         row = {"dataset": "gsm8k", "mode": "asks-only", "wall_s": 10.0, "speedup_vs_exact": 1.5, "ttft_median_s": 0.2,
                "ttft_p90_s": 0.4, "ttft_median_vs_exact": 2.0, "accuracy": 0.1,
-               "agent_output_identical_vs_exact": {"planner": 1.0, "solver": 0.5}}
+               "agent_output_identical_vs_exact": {"planner": 1.0, "solver": 0.5},
+               "ttft_median_s_by_agent": {"planner": 0.5, "solver": 0.125}}
         print_latency([row, {"mode": "exact", "wall_s": 1.0}])
         assert "asks-only" in capsys.readouterr().out
         table = latency_table([row])
         assert "planner 1.00 / solver 0.50" in table[-1] and latency_table([{"mode": "exact"}]) == []
+        assert "| planner 0.500 / solver 0.125 |" in table[-1]
         grader_row = {**row, "grader_picks": [0], "verify_s": 3.0, "grader_same_pick_vs_exact": 1.0}
         assert "| 3.0 |" in latency_table([grader_row])[-1]

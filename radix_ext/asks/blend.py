@@ -53,7 +53,7 @@ import torch
 
 from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
-from radix_ext.asks.kept_rows import kept_layers, one_call, view_of
+from radix_ext.asks.kept_rows import kept_layers, layer_stack, view_of
 from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
 from radix_ext.asks.selection import deviations, pure_rotation, rerotate, select
 from radix_ext.model_stack import TARGETS, plain_call, plain_stack
@@ -269,14 +269,18 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
     pool = get_attn_backend().token_to_kv_pool
     reused = [(plan, plan.reused_rows(), plan.donor_slots(), plan.reused_deltas()) for plan in plans]
     checked_state = first_q = None  # the stream's full state entering the last check layer, its queries
-    continued = one_call(model)  # the kept rows in one call, from the check's queries
-    if full_layers:  # the check compares covered rows' KV; in one call, every row continues from its QKV
-        checked_state = residual_batch.snapshot(hidden, forward_batch)
-        covered = torch.cat([rows for plan, rows, _, _ in reused if 0 < plan.decision.recompute < 1])
-        check_rows = torch.arange(int(input_ids.shape[0])) if continued else covered
-        q = write_check_kv(stack.layers[layers[resume]], positions[check_rows], checked_state[check_rows],
-                           forward_batch.out_cache_loc[check_rows], pool)
-        first_q = q if continued else None
+    kept_stack = layer_stack(model)  # the kept rows' layers: one C++ call (from the check's queries), or why not
+    # The last check layer's K and V, for every row that may take its donors' KV from the next layer
+    # on (the check compares those of plans with a share strictly between 0 and 1); in one call every
+    # row's, and the kept rows continue from its queries.
+    if full_layers:
+        checked_state, check_layer = residual_batch.snapshot(hidden, forward_batch), stack.layers[layers[resume]]
+        if not isinstance(kept_stack, str):
+            first_q = write_check_kv(check_layer, positions, checked_state, forward_batch.out_cache_loc, pool)
+        else:
+            covered = torch.cat([rows for _, rows, _, _ in reused])
+            write_check_kv(check_layer, positions[covered], checked_state[covered],
+                           forward_batch.out_cache_loc[covered], pool)
     num_tokens = int(input_ids.shape[0])
     keep = torch.ones(num_tokens, dtype=torch.bool)
     skipped_rows, skipped_donors, skipped_deltas = [], [], []
@@ -315,7 +319,7 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
         hidden = checked_state
         residual_batch.clear(forward_batch)
         residual_batch.start(forward_batch)
-    hidden = kept_layers(model, hidden[kept], positions[kept], forward_batch, view, resume,
+    hidden = kept_layers(model, kept_stack, hidden[kept], positions[kept], forward_batch, view, resume,
                          None if first_q is None else first_q[kept])
     full = hidden.new_zeros(num_tokens, hidden.shape[1])
     full[kept] = hidden  # the rows the logits processor reads (each request's last) are kept

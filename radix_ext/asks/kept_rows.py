@@ -6,7 +6,7 @@ rest take their donors' KV), those rows run the remaining layers alone:
 * ``view_of``: the ``BlendView`` of the batch, which ``radix_ext.cpu.attention`` reads so that each
   kept row writes its own KV slot and attends to its request's row of the pool up to its position;
 * ``kept_layers``: the kept rows through the remaining layers and the final norm. Where the
-  model's decode runs its layers in one C++ call (``one_call``; ``radix_ext.cpu.decode.layer_stack``:
+  model's decode runs its layers in one C++ call (``layer_stack``, ``radix_ext.cpu.decode.layer_stack``:
   int8 linears, the invariant attention, SGLang's plain pool), the kept rows take that call: the
   kernels SGLang's layers reach, in their order, so the same bits as the layers themselves, without
   their Python per layer (``tests/integration/test_decode_layers.py`` compares the two). There the
@@ -47,29 +47,31 @@ def view_of(forward_batch, keep: torch.Tensor, kept: torch.Tensor, positions: to
     return BlendView(forward_batch.out_cache_loc[kept], counts, positions[kept].long())
 
 
-def one_call(model) -> bool:
-    """Whether ``kept_layers`` runs the kept rows in one C++ call (module docstring)."""
+def layer_stack(model):
+    """The model's layers as one C++ call for the kept rows (``radix_ext.cpu.decode.layer_stack``:
+    a ``DecodeStack``), or why SGLang's layers run them (a string); looked up once per forward."""
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
     from radix_ext.cpu import decode
 
-    return not isinstance(decode.layer_stack(model, get_attn_backend()), str)
+    return decode.layer_stack(model, get_attn_backend())
 
 
-def kept_layers(model, hidden: torch.Tensor, positions: torch.Tensor, forward_batch, view: BlendView,
+def kept_layers(model, layers, hidden: torch.Tensor, positions: torch.Tensor, forward_batch, view: BlendView,
                 first: int, first_q: torch.Tensor | None = None) -> torch.Tensor:
     """The kept rows (``hidden``: their stream state entering layer ``first`` of the stack, which
-    restarts there) through layers ``first..`` and the final norm (module docstring). ``first_q``:
-    their rotated queries at layer ``first``, whose K and V are in the pool (the one call only)."""
+    restarts there) through layers ``first..`` and the final norm, by ``layers`` (``layer_stack``'s;
+    module docstring). ``first_q``: their rotated queries at layer ``first``, whose K and V are in
+    the pool (the one call only)."""
     from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
     from radix_ext.cpu import decode, decode_stack
     from radix_ext.cpu.attention import QueryRows
 
-    stack, backend = model.model, get_attn_backend()
-    layers = decode.layer_stack(model, backend)
+    stack = model.model
     if not isinstance(layers, str):
+        backend = get_attn_backend()
         residual_batch.clear(forward_batch)
         rows = QueryRows.of(forward_batch.req_pool_indices, view.query_counts, view.query_positions)
         hidden, residual = decode_stack.layers_from(layers, backend, first, hidden, positions, view.out_cache_loc,

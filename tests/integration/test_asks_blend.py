@@ -3,10 +3,11 @@ computing a fraction of the prefill, approximate KV never in the tree, groups ke
 process and between two HTTP clients of one server), and no KV leak.
 
 Engines, one at a time beside the session's stock engine (``engine_backend``): blend at recompute
-1.0 (every reused token recomputed, must equal stock token for token) and blend at the shipped
-default share. Paraphrase self-consistency (``programs.paraphrase_sc``) at 8 shots: branch ``b``
-opens with its own wording, then the same exemplars and question; ``paraphrase_fork`` commits the
-openings and branch 0's whole prompt, so branches 1-3 find the tail below branch 0's opening.
+1.0 (every reused token recomputed, must equal stock token for token), at 0.9999 (the same after the
+check layers ran) and at the shipped default share. Paraphrase self-consistency
+(``programs.paraphrase_sc``) at 8 shots: branch ``b`` opens with its own wording, then the same
+exemplars and question; ``paraphrase_fork`` commits the openings and branch 0's whole prompt, so
+branches 1-3 find the tail below branch 0's opening.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ DEFAULT = RkscConfig().asks_recompute
 CHUNK = 1024  # a prefill chunk that holds one branch's prompt (about 760 tokens), not two
 ENGINES = {
     "all": dict(rksc=RkscConfig(asks=True, asks_recompute=1.0)),
+    # a share just below 1: the check runs (two layers), then every reused token is recomputed
+    "checked-all": dict(rksc=RkscConfig(asks=True, asks_recompute=0.9999)),
     "default": dict(rksc=RkscConfig(asks=True)),
     "small-chunks": dict(rksc=RkscConfig(asks=True), chunked_prefill_size=CHUNK),
 }
@@ -94,6 +97,23 @@ class TestRecomputeOne:
         assert all(r["mode"] == "blend" and r["outcome"] == "blended" for r in reports), reports
         assert all(r["reused_tokens"] == 0 and r["recomputed_tokens"] > 500 for r in reports), reports
         assert all(r["max_deviation"] is None for r in reports), reports  # at 1.0 no gate applies
+
+
+class TestEverythingRecomputedAfterTheCheck:
+    """Every row kept after the check layers ran: the kept rows' path from the check's queries
+    (one C++ call here) gives exact's tokens, as SGLang's loop did."""
+
+    def test_every_branch_is_token_identical_to_exact(self, engines, problem, stock):
+        ours, counts = run(engines.get("checked-all"), problem)
+        assert [b.token_ids for b in ours.branches] == [b.token_ids for b in stock[0].branches]
+        # the same numbers, not only the same samples
+        assert [(b.token_logprobs, b.first_top_logprobs) for b in ours.branches] == [
+            (b.token_logprobs, b.first_top_logprobs) for b in stock[0].branches]
+        assert counts.prefill_tokens == stock[1].prefill_tokens
+        reports = [b.asks for b in ours.branches[1:]]
+        assert all(r["outcome"] == "blended" and r["reused_tokens"] == 0 and r["recomputed_tokens"] > 500
+                   for r in reports), reports
+        assert all(r["max_deviation"] is not None for r in reports), reports  # the check and its gate ran
 
 
 class TestDefaultShare:

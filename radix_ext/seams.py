@@ -12,7 +12,7 @@ _RESIDUAL = "sglang.srt.layers.layer_boundary.residual.batch"
 
 
 def scheduler_seams() -> dict[str, tuple[str, ...]]:
-    from radix_ext.asks import decision as asks
+    from radix_ext.asks import batching as asks_batching, decision as asks
     from radix_ext import model_stack
     from radix_ext.cgee import requests as exit_requests
     from radix_ext.cpu import heap_trim
@@ -70,7 +70,8 @@ def scheduler_seams() -> dict[str, tuple[str, ...]]:
         ),
         "ASKS": (
             asks.CREATE_REQ, asks.ACCEPT_TARGET, asks.REQUEST_LEVEL_TARGET, *model_stack.TARGETS,
-            asks.asks_blend.ADD_ONE_REQ, "sglang.srt.managers.schedule_policy.AddReqResult.CONTINUE",
+            asks_batching.ADD_ONE_REQ, asks_batching.CALC_PRIORITY,
+            "sglang.srt.managers.schedule_policy.AddReqResult.CONTINUE",
             f"{_RADIX}._delete_leaf", f"{_RADIX}.checkpoint", f"{_RADIX}._split_node",
             "sglang.srt.mem_cache.radix_cache.RadixKey.child_key_at",
             "sglang.srt.mem_cache.radix_cache.RadixKey.match_at",

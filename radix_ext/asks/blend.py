@@ -36,9 +36,8 @@ Every blended request reports what it reused and recomputed (``meta_info["rksc_a
 
 A batch that also carries a CGEE verification row, a chunked prefill, a model or attention backend
 this does not cover, or page size > 1: the request computes every token (``outcome`` says why).
-So that a member is not chunked only because it came second (``hold_for_whole_prefill``, an
-AROUND hook on ``PrefillAdder.add_one_req``): a member that would not fit whole into a prefill
-batch that already holds requests waits for a later batch, at most ``MAX_HOLDS`` times.
+How batches are built around members (members first, long full prefills beside them held out
+once, a member not chunked only because it came second): ``radix_ext.asks.batching``.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from typing import Any
 
 import torch
 
-from radix_ext.asks import segments as tree
+from radix_ext.asks import batching, segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
 from radix_ext.asks.kept_rows import kept_layers, layer_stack, view_of
 from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
@@ -64,12 +63,9 @@ logger = logging.getLogger(__name__)
 
 # On a Req: its ASKS decision, a BlendDecision here or radix_ext.asks's Decision (which reports both).
 DECISION_ATTR = "rksc_asks_decision"
-ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 # On a blended Req: how many of its first tokens hold exact KV (the rest of its row is approximate or
 # computed after it, and never enters the tree: ``RkscRadixCache.checkpoint`` inserts only these).
 EXACT_LEN_ATTR = "rksc_blend_exact_len"
-HOLDS_ATTR = "rksc_blend_holds"  # on a member Req: prefill batches it waited out so as not to be chunked
-MAX_HOLDS = 4  # then it is chunked as SGLang would (and computes every token)
 
 
 @dataclasses.dataclass
@@ -329,28 +325,6 @@ def blend_forward(model, input_ids, positions, forward_batch, plans: list[RowPla
 _live: list[Any] = []  # the scheduler's AsksState (set by radix_ext.asks.AsksState)
 
 
-def hold_for_whole_prefill(original, adder, req, *args, **kwargs):
-    """AROUND ``PrefillAdder.add_one_req``: a member that may blend (its group has exact text
-    indexed, so a donor can exist), and that the batch being built would chunk (its extend is longer than what
-    is left of the chunk budget), stays in the waiting queue (``CONTINUE`` without adding it:
-    later requests may still join), unless the batch is empty or it already waited ``MAX_HOLDS``
-    batches. A chunked prefill computes every token; in the next batch it comes earlier and
-    prefills whole."""
-    from sglang.srt.managers.schedule_policy import AddReqResult
-
-    options = getattr(req, OPTIONS_ATTR, None)
-    budget = adder.rem_chunk_tokens
-    if (options is not None and budget is not None and adder.can_run_list and _live
-            and req.rid in tree.members and _live[0].index.has(options.group)
-            and _recompute(options, _live[0]) < 1
-            and len(req.full_untruncated_fill_ids) - req.prefix_len > budget):
-        holds = getattr(req, HOLDS_ATTR, 0)
-        if holds < MAX_HOLDS:
-            setattr(req, HOLDS_ATTR, holds + 1)
-            return AddReqResult.CONTINUE
-    return original(adder, req, *args, **kwargs)
-
-
 def _recompute(options: AsksOptions, state) -> float:
     return state.blend.recompute if options.recompute is None else float(options.recompute)
 
@@ -365,4 +339,4 @@ def install() -> None:
 
     for target in TARGETS:
         hooks.around(target, around_forward)
-    hooks.around(ADD_ONE_REQ, hold_for_whole_prefill)
+    batching.install()

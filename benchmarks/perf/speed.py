@@ -6,7 +6,8 @@ For each model dtype (``--dtypes``) it starts three in-process engines: ours (th
 linears in ``--cpu-linear-dtype``), stock (SGLang's ``torch_native`` attention, float32 linears)
 and ours with SGLang's own sampler (``seeded_sampling`` off), warms them up, and measures (median
 of ``--repeats``, engines alternating): greedy decode throughput of
-N streams from one short prompt (``--new-tokens`` each, EOS ignored) and prefill throughput of one
+N streams from one short prompt (``--new-tokens`` each, EOS ignored; prompt evaluation excluded, as
+llama.cpp's is: the time of the tokens after each stream's first, ``measure_decode``) and prefill throughput of one
 ``--prefill-tokens``-token prompt that shares only its first token with the cache (the rate
 counts the tokens computed), ours against stock; and
 sampled decode (temperature ``--temperature``, every stream seeded) at ``--sampled-streams``,
@@ -53,13 +54,25 @@ def prefill_prompt(tokenizer, n_tokens: int, salt: int) -> list[int]:
     return tokenizer.encode(words)[:n_tokens]
 
 
-def measure_decode(engine, streams: int, new_tokens: int, temperature: float = 0.0) -> float:
+def _generate(engine, streams: int, new_tokens: int, temperature: float) -> tuple[float, int]:
+    """Seconds and completion tokens of one call: ``streams`` streams of ``new_tokens`` from ``DECODE_PROMPT``."""
     params = [{"max_new_tokens": new_tokens, "temperature": temperature, "ignore_eos": True, "sampling_seed": i}
               for i in range(streams)]
     t0 = time.perf_counter()
     outs = engine.generate(prompt=[DECODE_PROMPT] * streams, sampling_params=params)
-    elapsed = time.perf_counter() - t0
-    return sum(o["meta_info"]["completion_tokens"] for o in outs) / elapsed
+    return time.perf_counter() - t0, sum(o["meta_info"]["completion_tokens"] for o in outs)
+
+
+def measure_decode(engine, streams: int, new_tokens: int, temperature: float = 0.0) -> float:
+    """Decode tokens per second of ``streams`` streams of ``new_tokens`` each, prompt evaluation
+    excluded as ``LlamaCpp.decode`` excludes it: the seconds of the call minus those of a call of one
+    token each (the prompt, cached after the first call, its first token, the requests' round trip),
+    over the tokens after each stream's first."""
+    once, first_tokens = _generate(engine, streams, 1, temperature)
+    elapsed, tokens = _generate(engine, streams, new_tokens, temperature)
+    if tokens <= first_tokens or elapsed <= once:
+        raise RuntimeError(f"decode: {tokens} tokens in {elapsed:.3f} s after {first_tokens} in {once:.3f} s")
+    return (tokens - first_tokens) / (elapsed - once)
 
 
 def measure_prefill(engine, tokenizer, n_tokens: int, salt: int) -> float:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.report import tables
 from benchmarks.report import latency
+from benchmarks.report.step_tables import decode_parts_section
 from benchmarks.report.latency import latency_table
 from benchmarks.bench.stats import clopper_pearson_upper95
 from benchmarks.bench.records import latest_run, runs_of
@@ -279,6 +280,7 @@ ROOT = tables.RESULTS.parent.parent
 DOC_SECTIONS = {
     "speed": ("speed.jsonl", tables.speed_section),
     "decode-profile": ("decode_profile.jsonl", tables.decode_profile_section),
+    "decode-parts": ("decode_parts.jsonl", decode_parts_section),
     "fidelity": ("fidelity.jsonl", tables.fidelity_section),
     "bon-verify": ("bon-verify.jsonl", None),
     "bon-verify-capped": ("capped/bon-verify.jsonl", None),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radix_ext.asks import segments as tree
+from radix_ext.asks import blend, segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR
 
 CALC_PRIORITY = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
@@ -37,8 +37,6 @@ SIDE_HOLDS = 1
 
 
 def _state() -> Any:
-    from radix_ext.asks import blend
-
     return blend._live[0] if blend._live else None
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from radix_ext.asks import batching, segments as tree
+from radix_ext.asks import segments as tree
 from radix_ext.asks.segments import OPTIONS_ATTR, Segment, find_segments
 from radix_ext.asks.kept_rows import kept_layers, layer_stack, view_of
 from radix_ext.asks.kv_writes import write_check_kv, write_donor_kv
@@ -339,4 +339,3 @@ def install() -> None:
 
     for target in TARGETS:
         hooks.around(target, around_forward)
-    batching.install()

@@ -45,7 +45,8 @@ import time
 from array import array
 from typing import Any
 
-from radix_ext.asks import blend as asks_blend, capture as asks_capture, segments as asks_segments
+from radix_ext.asks import batching as asks_batching, blend as asks_blend, capture as asks_capture
+from radix_ext.asks import segments as asks_segments
 from radix_ext.asks.gate import Gate, Signature, adopts
 from radix_ext.cgee import requests as exit_requests
 from rksc_sgl.protocol import ASKS_KEY, AsksOptions
@@ -352,6 +353,7 @@ def install() -> None:
     for target in TARGETS:
         HookRegistry.register(target, asks_capture.before_forward(_capture_settings), HookType.BEFORE)
     asks_blend.install()
+    asks_batching.install()
 
 
 def _capture_settings(model) -> tuple[tuple[int, ...], str]:

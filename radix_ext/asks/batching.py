@@ -11,10 +11,11 @@ cached; these rules do the same for what blend covers, in three bounded steps:
   queue puts first the requests that already waited out their hold (below), then the members that
   may blend, then the rest, each in SGLang's order. Nothing moves while no member may blend, or
   when the server schedules by priority (``--enable-priority-scheduling``).
-* ``hold_out_of_blend_batch`` (AROUND ``PrefillAdder.add_one_req``): a request that may not blend
-  and would compute more than ``SIDE_ROWS`` tokens stays queued while the batch holds a member that
-  may, once (``SIDE_HOLDS``): the next batch takes it first. Its time to first token grows by one
-  blended forward at most; no prompt, cache decision or eviction order changes.
+* ``hold_out_of_blend_batch`` (AROUND ``PrefillAdder.add_one_req``): a grouped request that may not
+  blend and would compute more than ``SIDE_ROWS`` tokens stays queued while the batch holds a member
+  that may, once (``SIDE_HOLDS``): the next batch takes it first. Its time to first token grows by
+  one blended forward at most; no prompt, cache decision or eviction order changes. A request of no
+  group (a client the operator did not group) is never held.
 * ``hold_for_whole_prefill`` (AROUND the same): a member that may blend and that the batch would
   chunk (its extend is longer than what is left of the chunk budget) stays queued, unless the
   batch is empty or it already waited ``MAX_HOLDS`` batches: a chunked prefill computes every
@@ -73,12 +74,13 @@ def members_first(original, policy, waiting_queue, *args, **kwargs):
 
 
 def hold_out_of_blend_batch(original, adder, req, *args, **kwargs):
-    """AROUND ``PrefillAdder.add_one_req``: a long request that may not blend waits out a batch
-    that holds a member that may, once."""
+    """AROUND ``PrefillAdder.add_one_req``: a long grouped request that may not blend waits out a
+    batch that holds a member that may, once."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     state = _state()
     if (state is not None and tree.members and adder.can_run_list
+            and getattr(req, OPTIONS_ATTR, None) is not None
             and getattr(req, HOLDS_ATTR, 0) < SIDE_HOLDS and _extend(req) > SIDE_ROWS
             and not may_blend(req, state) and any(may_blend(r, state) for r in adder.can_run_list)):
         setattr(req, HOLDS_ATTR, getattr(req, HOLDS_ATTR, 0) + 1)

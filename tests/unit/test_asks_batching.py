@@ -85,12 +85,12 @@ class TestHoldOutOfBlendBatch:
         adder = SimpleNamespace(rem_chunk_tokens=None, can_run_list=[reader])
         assert [added(batching.hold_out_of_blend_batch, adder, finder) for _ in range(3)] == [False, True, True]
 
-    def test_requests_of_no_group_are_held_the_same_once_and_no_more(self, cache, members):
+    def test_a_request_of_no_group_is_never_held_for_another_clients_members(self, cache, members):
         commit(cache, HEAD + OPEN_A + SHARED)
         (reader,) = members(Req("reader"))
         adder = SimpleNamespace(rem_chunk_tokens=None, can_run_list=[reader])
         stranger = Req("stranger", group=None)
-        assert [added(batching.hold_out_of_blend_batch, adder, stranger) for _ in range(2)] == [False, True]
+        assert [added(batching.hold_out_of_blend_batch, adder, stranger) for _ in range(2)] == [True, True]
 
     def test_short_requests_members_and_batches_without_members_pass(self, cache, members):
         commit(cache, HEAD + OPEN_A + SHARED)
@@ -100,9 +100,9 @@ class TestHoldOutOfBlendBatch:
         assert added(batching.hold_out_of_blend_batch, with_member, short)
         assert added(batching.hold_out_of_blend_batch, with_member, other_reader)  # it may blend too
         without = SimpleNamespace(rem_chunk_tokens=None, can_run_list=[whole])  # whole computes every token
-        assert added(batching.hold_out_of_blend_batch, without, Req("long", group=None))
+        assert added(batching.hold_out_of_blend_batch, without, Req("long", group="fresh"))
         assert added(batching.hold_out_of_blend_batch, SimpleNamespace(rem_chunk_tokens=None, can_run_list=[]),
-                     Req("first", group=None))
+                     Req("first", group="fresh"))
 
 
 class TestMembersFirst:
